@@ -1,0 +1,172 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// The filesystem lease follows the proper-lockfile convention AML uses: a
+// directory Base/seg(id).lock created atomically with mkdir, kept fresh by
+// touching its mtime every LockRefresh, and stale after LockStale without a
+// touch. A stale lease is taken over under an flock on Base, so that two
+// contenders on this host cannot both win.
+
+func (s *FSStore) lockPath() string { return filepath.Join(s.Base, s.Seg+".lock") }
+
+func (s *FSStore) conflict(detail string) error {
+	return amlerr.New(amlerr.WorkspaceConflict, s.ID, "workspace %q is locked by another writer (%s); wait for it, choose another --id, or pass --no-lock", s.ID, detail)
+}
+
+// Lock takes the lease.
+func (s *FSStore) Lock(ctx context.Context) (Lease, error) {
+	if err := os.MkdirAll(s.Base, 0o755); err != nil {
+		return nil, err
+	}
+	lp := s.lockPath()
+	err := os.Mkdir(lp, 0o755)
+	if errors.Is(err, fs.ErrExist) {
+		err = s.takeOver(lp)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(lp, &st); err != nil {
+		return nil, err
+	}
+	l := &fsLease{path: lp, ino: st.Ino, mtime: st.Mtim, refresh: s.LockRefresh, onLost: s.OnLockLost, done: make(chan struct{})}
+	l.wg.Add(1)
+	go l.heartbeat()
+	return l, nil
+}
+
+func (s *FSStore) takeOver(lp string) error {
+	unlock, err := flockDir(s.Base)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	fi, err := os.Stat(lp)
+	if errors.Is(err, fs.ErrNotExist) {
+		return os.Mkdir(lp, 0o755)
+	}
+	if err != nil {
+		return err
+	}
+	age := time.Since(fi.ModTime())
+	if age < s.LockStale {
+		return s.conflict(fmt.Sprintf("lock %s refreshed %s ago", lp, age.Truncate(time.Second)))
+	}
+	if err := os.Remove(lp); err != nil {
+		return fmt.Errorf("remove stale lock %s: %w", lp, err)
+	}
+	if err := os.Mkdir(lp, 0o755); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return s.conflict("another writer took over the stale lock first")
+		}
+		return err
+	}
+	return nil
+}
+
+type fsLease struct {
+	path    string
+	ino     uint64
+	mtime   syscall.Timespec // the mtime we last set; a recreated lock differs
+	refresh time.Duration
+	onLost  func(error)
+	done    chan struct{}
+	stop    sync.Once
+	wg      sync.WaitGroup
+
+	mu   sync.Mutex
+	lost error // GUARDED_BY(mu)
+}
+
+// check verifies the lock directory is still the one we created.
+func (l *fsLease) check() error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(l.path, &st); err != nil {
+		return amlerr.New(amlerr.LockLost, l.path, "lock directory is gone: %v", err)
+	}
+	l.mu.Lock()
+	ino, mtime := l.ino, l.mtime
+	l.mu.Unlock()
+	if st.Ino != ino || st.Mtim != mtime {
+		return amlerr.New(amlerr.LockLost, l.path, "lock was taken over by another writer")
+	}
+	return nil
+}
+
+// touch refreshes the lock's mtime and remembers it.
+func (l *fsLease) touch() error {
+	now := time.Now()
+	if err := os.Chtimes(l.path, now, now); err != nil {
+		return err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(l.path, &st); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.mtime = st.Mtim
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *fsLease) heartbeat() {
+	defer l.wg.Done()
+	t := time.NewTicker(l.refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		}
+		err := l.check()
+		if err == nil {
+			err = l.touch()
+		}
+		if err != nil {
+			l.mu.Lock()
+			first := l.lost == nil
+			if first {
+				l.lost = err
+			}
+			l.mu.Unlock()
+			if first && l.onLost != nil {
+				l.onLost(err)
+			}
+			return
+		}
+	}
+}
+
+func (l *fsLease) Lost() error {
+	l.mu.Lock()
+	lost := l.lost
+	l.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
+	return l.check()
+}
+
+func (l *fsLease) Release(ctx context.Context) error {
+	l.stop.Do(func() { close(l.done) })
+	l.wg.Wait()
+	if err := l.Lost(); err != nil {
+		return err
+	}
+	return os.Remove(l.path)
+}

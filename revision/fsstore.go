@@ -1,0 +1,303 @@
+package revision
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+)
+
+// FSStore is the filesystem store: ROOT is Base/seg(id).
+type FSStore struct {
+	Base string // the store directory (file:///Base)
+	ID   string
+	Seg  string
+	// LockRefresh and LockStale follow AML's 5 and 20 minute policy.
+	LockRefresh, LockStale time.Duration
+	// OnLockLost is called if the heartbeat finds the lease gone.
+	OnLockLost func(error)
+}
+
+// NewFSStore returns the filesystem store of workspace id under base.
+func NewFSStore(base, id string) (*FSStore, error) {
+	seg, err := Seg(id)
+	if err != nil {
+		return nil, err
+	}
+	return &FSStore{Base: base, ID: id, Seg: seg, LockRefresh: 5 * time.Minute, LockStale: 20 * time.Minute}, nil
+}
+
+func (s *FSStore) root() string           { return filepath.Join(s.Base, s.Seg) }
+func (s *FSStore) path(key string) string { return filepath.Join(s.root(), filepath.FromSlash(key)) }
+func (s *FSStore) String() string         { return "file://" + s.root() }
+
+func version(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+func notExist(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %v", ErrNotExist, err)
+	}
+	return err
+}
+
+func (s *FSStore) ReadIndex(ctx context.Context) ([]byte, string, error) {
+	f, err := os.Open(s.path(IndexKey))
+	if err != nil {
+		return nil, "", notExist(err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxIndexBytes+1))
+	if err != nil {
+		return nil, "", err
+	}
+	return data, version(data), nil
+}
+
+// PublishIndex compares and swaps workspace.json under an exclusive flock on
+// ROOT, so that concurrent publishers on this host (locked or not) serialize.
+func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
+	if err := os.MkdirAll(s.root(), 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := flockDir(s.root())
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	_, curVer, err := s.ReadIndex(ctx)
+	switch {
+	case errors.Is(err, ErrNotExist):
+		if prev != "" {
+			return "", fmt.Errorf("%w: %s disappeared", ErrPrecondition, IndexKey)
+		}
+	case err != nil:
+		return "", err
+	default:
+		if curVer != prev {
+			return "", fmt.Errorf("%w: %s was replaced by another writer", ErrPrecondition, IndexKey)
+		}
+	}
+	if err := writeFileAtomic(s.path(IndexKey), data); err != nil {
+		return "", err
+	}
+	return version(data), nil
+}
+
+func flockDir(dir string) (func(), error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "flock", Path: dir, Err: err}
+	}
+	return func() { unix.Flock(fd, unix.LOCK_UN); unix.Close(fd) }, nil
+}
+
+// writeFileAtomic writes a temp file, fsyncs it, renames it over name and
+// fsyncs the directory.
+func writeFileAtomic(name string, data []byte) error {
+	dir := filepath.Dir(name)
+	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(name)+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), name); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+	f, err := os.Open(s.path(key))
+	if err != nil {
+		return nil, notExist(err)
+	}
+	return f, nil
+}
+
+func (s *FSStore) Remove(ctx context.Context, key string) error {
+	return os.RemoveAll(s.path(strings.TrimSuffix(key, "/")))
+}
+
+func (s *FSStore) Artifacts(ctx context.Context) ([]string, error) {
+	var keys []string
+	for _, dir := range []string{"revisions", stagingDir} {
+		ents, err := os.ReadDir(s.path(dir))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range ents {
+			k := dir + "/" + e.Name()
+			if e.IsDir() {
+				k += "/"
+			}
+			keys = append(keys, k)
+		}
+	}
+	return keys, nil
+}
+
+func (s *FSStore) Destroy(ctx context.Context) error {
+	return os.RemoveAll(s.root())
+}
+
+const stagingDir = ".amlfs-staging"
+
+func (s *FSStore) Stage(ctx context.Context, key string) (Stager, error) {
+	dir := s.path(stagingDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(s.path("revisions"), 0o755); err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(dir, uuid.NewString())
+	folder := strings.HasSuffix(key, "/")
+	if folder {
+		if err := os.Mkdir(tmp, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	return &fsStager{s: s, key: key, tmp: tmp, folder: folder}, nil
+}
+
+type fsStager struct {
+	s      *FSStore
+	key    string
+	tmp    string
+	folder bool
+}
+
+func (st *fsStager) target(name string) (string, error) {
+	if !st.folder {
+		if name != "" {
+			return "", fmt.Errorf("archive artifact has a single object, not %q", name)
+		}
+		return st.tmp, nil
+	}
+	if err := ValidPath(name); err != nil {
+		return "", err
+	}
+	p := filepath.Join(st.tmp, filepath.FromSlash(name))
+	return p, os.MkdirAll(filepath.Dir(p), 0o755)
+}
+
+func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int64) error {
+	p, err := st.target(name)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	var n int64
+	if size < 0 {
+		n, err = io.Copy(f, r)
+		size = n
+	} else {
+		n, err = io.Copy(f, io.LimitReader(r, size+1))
+	}
+	if err == nil && n != size {
+		err = fmt.Errorf("%s: wrote %d bytes, expected %d (did it change during the save?)", name, n, size)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (st *fsStager) Reuse(ctx context.Context, name, fromKey string) error {
+	p, err := st.target(name)
+	if err != nil {
+		return err
+	}
+	return os.Link(st.s.path(fromKey), p)
+}
+
+func (st *fsStager) Commit(ctx context.Context) error {
+	// One syncfs makes every staged byte durable before the artifact
+	// appears; far cheaper than an fsync per file.
+	fd, err := unix.Open(st.tmp, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.Syncfs(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("syncfs: %w", err)
+	}
+	dst := st.s.path(strings.TrimSuffix(st.key, "/"))
+	if err := unix.Renameat2(unix.AT_FDCWD, st.tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
+			return fmt.Errorf("%w: %s", ErrExist, st.key)
+		}
+		return &os.PathError{Op: "rename", Path: dst, Err: err}
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+func (st *fsStager) Abort(ctx context.Context) error {
+	return os.RemoveAll(st.tmp)
+}
+
+// ReadAllLimited reads at most limit bytes of an object; more is an error.
+func ReadAllLimited(r io.Reader, limit int64, what string) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is over the %d byte limit", what, limit)
+	}
+	return data, nil
+}

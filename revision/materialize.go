@@ -1,0 +1,61 @@
+package revision
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+)
+
+// materializer writes tree entries under root. Directory modes are applied
+// at the end, deepest first, so a read-only directory does not block the
+// files beneath it.
+type materializer struct {
+	root string
+	dirs []TreeEntry
+}
+
+func (m *materializer) target(p string) string {
+	return filepath.Join(m.root, filepath.FromSlash(p))
+}
+
+// add creates e; for a file, content supplies exactly e.Size bytes.
+func (m *materializer) add(e TreeEntry, content io.Reader) error {
+	dst := m.target(e.Path)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if e.Type == TypeDir {
+		if err := os.Mkdir(dst, 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+		m.dirs = append(m.dirs, e)
+		return nil
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(f, io.LimitReader(content, e.Size))
+	if err == nil && n != e.Size {
+		err = fmt.Errorf("%s: got %d bytes, manifest says %d", e.Path, n, e.Size)
+	}
+	if err == nil {
+		err = f.Chmod(os.FileMode(e.Mode))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (m *materializer) finish() error {
+	sort.Slice(m.dirs, func(i, j int) bool { return depth(m.dirs[i].Path) > depth(m.dirs[j].Path) })
+	for _, d := range m.dirs {
+		if err := os.Chmod(m.target(d.Path), os.FileMode(d.Mode)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,436 @@
+package revision
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+func writeTree(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for p, content := range files {
+		full := filepath.Join(dir, p)
+		if strings.HasSuffix(p, "/") {
+			if err := os.MkdirAll(full, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func openWS(t *testing.T, base, id string, opts Options) *Workspace {
+	t.Helper()
+	st, err := NewFSStore(base, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.ID = id
+	w, err := Open(context.Background(), st, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	return w
+}
+
+func TestSaveRestoreRoundTrip(t *testing.T) {
+	for _, format := range []string{FormatFolder, FormatArchive} {
+		t.Run(format, func(t *testing.T) {
+			ctx := context.Background()
+			base, src := t.TempDir(), t.TempDir()
+			writeTree(t, src, map[string]string{
+				"a/b/c.txt":     "hello",
+				"empty/":        "",
+				"run.sh":        "#!/bin/sh\n",
+				"build/out.o":   "junk",
+				".gitignore":    "build/\n*.log\n",
+				"x.log":         "log",
+				"keep/.gitkeep": "",
+			})
+			os.Chmod(filepath.Join(src, "run.sh"), 0o755)
+			w := openWS(t, base, "ws 1", Options{Format: format, Retention: 2})
+			res, err := w.Save(ctx, src, Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The index follows AML's rules.
+			data, err := os.ReadFile(filepath.Join(base, "ws%201", "workspace.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			idx, err := ParseIndex(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if idx.Current != res.Entry.ID || len(idx.Revisions) != 1 || idx.Revisions[0].Format != format {
+				t.Fatalf("index %s", data)
+			}
+			if !strings.HasPrefix(string(data), `{"current":"`) || !strings.HasSuffix(string(data), `],"version":1}`) {
+				t.Errorf("index not in AML's layout: %s", data)
+			}
+			w.Close(ctx)
+
+			w2 := openWS(t, base, "ws 1", Options{Format: format})
+			dst := filepath.Join(t.TempDir(), "work")
+			if _, err := w2.Restore(ctx, "current", dst, Selection{}); err != nil {
+				t.Fatal(err)
+			}
+			for p, want := range map[string]string{"a/b/c.txt": "hello", "run.sh": "#!/bin/sh\n", ".gitignore": "build/\n*.log\n", "keep/.gitkeep": ""} {
+				got, err := os.ReadFile(filepath.Join(dst, p))
+				if err != nil || string(got) != want {
+					t.Errorf("%s = %q, %v", p, got, err)
+				}
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "run.sh")); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("run.sh mode: %v %v", fi, err)
+			}
+			if fi, err := os.Stat(filepath.Join(dst, "empty")); err != nil || !fi.IsDir() {
+				t.Errorf("empty dir not restored: %v", err)
+			}
+			for _, gone := range []string{"build", "x.log"} {
+				if _, err := os.Stat(filepath.Join(dst, gone)); !os.IsNotExist(err) {
+					t.Errorf("%s should be ignored, got %v", gone, err)
+				}
+			}
+		})
+	}
+}
+
+func TestManifestOrderAndFormat(t *testing.T) {
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"b.txt": "b", "a/z.txt": "zz", "a/b/c": "c", "A": "A"})
+	es, err := Snapshot(src, Selection{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := Manifest{Entries: es}
+	data, _ := m.Marshal()
+	want := `{"entries":[{"mode":420,"path":"A","size":1,"type":"file"},{"mode":493,"path":"a","size":0,"type":"directory"},{"mode":420,"path":"b.txt","size":1,"type":"file"},{"mode":493,"path":"a/b","size":0,"type":"directory"},{"mode":420,"path":"a/z.txt","size":2,"type":"file"},{"mode":420,"path":"a/b/c","size":1,"type":"file"}],"version":1}`
+	if string(data) != want {
+		t.Errorf("manifest\n got %s\nwant %s", data, want)
+	}
+}
+
+func TestSelection(t *testing.T) {
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{
+		".gitignore": "*.log\nnode_modules/\n", "src/a.go": "", "src/debug.log": "", "node_modules/x/y.js": "",
+		"docs/readme.md": "", "secret.env": "", "sub/.gitignore": "local.txt\n", "sub/local.txt": "", "sub/keep.txt": "",
+	})
+	cases := []struct {
+		name string
+		sel  Selection
+		want []string
+	}{
+		{"gitignore", Selection{}, []string{".gitignore", "docs", "secret.env", "src", "sub", "docs/readme.md", "src/a.go", "sub/.gitignore", "sub/keep.txt"}},
+		{"no-gitignore", Selection{NoGitignore: true, Exclude: []string{"node_modules"}}, []string{".gitignore", "docs", "secret.env", "src", "sub", "docs/readme.md", "src/a.go", "src/debug.log", "sub/.gitignore", "sub/keep.txt", "sub/local.txt"}},
+		{"include overrides gitignore", Selection{Include: []string{"src/**"}}, []string{"src", "src/a.go", "src/debug.log"}},
+		{"exclude wins over include", Selection{Include: []string{"src/**"}, Exclude: []string{"**/*.log"}}, []string{"src", "src/a.go"}},
+		{"exclude", Selection{Exclude: []string{"*.env", "docs"}}, []string{".gitignore", "src", "sub", "src/a.go", "sub/.gitignore", "sub/keep.txt"}},
+		{"hidden", Selection{Hidden: []string{"src"}}, []string{".gitignore", "docs", "secret.env", "sub", "docs/readme.md", "sub/.gitignore", "sub/keep.txt"}},
+		{"include into ignored dir", Selection{Include: []string{"node_modules/x/*.js"}}, []string{"node_modules", "node_modules/x", "node_modules/x/y.js"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			es, err := Snapshot(src, tc.sel)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, e := range es {
+				got = append(got, e.Path)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("got  %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSnapshotRejectsSymlink(t *testing.T) {
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"a.txt": "a"})
+	os.Symlink("a.txt", filepath.Join(src, "link"))
+	_, err := Snapshot(src, Selection{})
+	if amlerr.Code(err) != amlerr.UnsupportedEntry || !strings.Contains(err.Error(), "link") {
+		t.Fatalf("got %v", err)
+	}
+	// Excluded, it is fine.
+	if _, err := Snapshot(src, Selection{Exclude: []string{"link"}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRetentionAndPrune(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	w := openWS(t, base, "r", Options{Retention: 3})
+	var ids []string
+	for i := 0; i < 5; i++ {
+		writeTree(t, src, map[string]string{"n.txt": strings.Repeat("x", i)})
+		res, err := w.Save(ctx, src, Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.Entry.ID)
+	}
+	idx := w.Index()
+	if len(idx.Revisions) != 3 || idx.Revisions[0].ID != ids[4] || idx.Revisions[2].ID != ids[2] {
+		t.Fatalf("index %+v", idx)
+	}
+	ents, _ := os.ReadDir(filepath.Join(base, "r", "revisions"))
+	if len(ents) != 3 {
+		t.Errorf("revisions dir holds %d artifacts, want 3", len(ents))
+	}
+}
+
+func TestStaleWriterFails(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"a": "1"})
+	a := openWS(t, base, "s", Options{NoLock: true})
+	b := openWS(t, base, "s", Options{NoLock: true})
+	ra, err := a.Save(ctx, src, Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Save(ctx, src, Selection{}, "")
+	if amlerr.ExitStatus(err) != amlerr.ExitSave || !amlerr.Has(err, amlerr.PublishConflict) {
+		t.Fatalf("stale save: %v", err)
+	}
+	c := openWS(t, base, "s", Options{NoLock: true})
+	if c.Index().Current != ra.Entry.ID {
+		t.Errorf("current changed to %s", c.Index().Current)
+	}
+	ents, _ := os.ReadDir(filepath.Join(base, "s", "revisions"))
+	if len(ents) != 1 {
+		t.Errorf("orphan upload left behind: %d artifacts", len(ents))
+	}
+}
+
+func TestLockConflictAndTakeover(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	openWS(t, base, "l", Options{})
+	st, _ := NewFSStore(base, "l")
+	_, err := Open(ctx, st, Options{ID: "l"})
+	if amlerr.ExitStatus(err) != amlerr.ExitConflict || !strings.Contains(err.Error(), "AML_WORKSPACE_CONFLICT") || !strings.Contains(err.Error(), `"l"`) {
+		t.Fatalf("second lock: %v", err)
+	}
+	// A lock untouched for 21 minutes is stale and taken over; the first
+	// holder then finds its lease lost.
+	old := time.Now().Add(-21 * time.Minute)
+	os.Chtimes(filepath.Join(base, "l.lock"), old, old)
+	w2, err := Open(ctx, st, Options{ID: "l"})
+	if err != nil {
+		t.Fatalf("takeover: %v", err)
+	}
+	defer w2.Close(ctx)
+}
+
+func TestLostLeaseFailsSave(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"a": "1"})
+	w := openWS(t, base, "lost", Options{})
+	lp := filepath.Join(base, "lost.lock")
+	os.Remove(lp)
+	os.Mkdir(lp, 0o755) // another writer's lock
+	_, err := w.Save(ctx, src, Selection{}, "")
+	if !amlerr.Has(err, amlerr.LockLost) || amlerr.ExitStatus(err) != amlerr.ExitSave {
+		t.Fatalf("save with lost lease: %v", err)
+	}
+	if err := w.Close(ctx); !amlerr.Has(err, amlerr.LockLost) {
+		t.Fatalf("release of lost lease: %v", err)
+	}
+	if _, err := os.Stat(lp); err != nil {
+		t.Errorf("the other writer's lock was removed: %v", err)
+	}
+}
+
+func TestBadStores(t *testing.T) {
+	ctx := context.Background()
+	good := func(t *testing.T, base string) string {
+		src := t.TempDir()
+		writeTree(t, src, map[string]string{"a/b.txt": "abc"})
+		w := openWS(t, base, "bad", Options{})
+		res, err := w.Save(ctx, src, Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Close(ctx)
+		return res.Entry.ID
+	}
+	cases := []struct {
+		name  string
+		spoil func(t *testing.T, root, rev string)
+	}{
+		{"malformed index", func(t *testing.T, root, rev string) {
+			os.WriteFile(filepath.Join(root, "workspace.json"), []byte(`{"current":`), 0o644)
+		}},
+		{"missing revision", func(t *testing.T, root, rev string) {
+			os.RemoveAll(filepath.Join(root, "revisions", rev))
+		}},
+		{"traversal in manifest", func(t *testing.T, root, rev string) {
+			os.WriteFile(filepath.Join(root, "revisions", rev, "manifest.json"), []byte(`{"entries":[{"mode":420,"path":"../x","size":3,"type":"file"}],"version":1}`), 0o644)
+		}},
+		{"size mismatch", func(t *testing.T, root, rev string) {
+			os.WriteFile(filepath.Join(root, "revisions", rev, "files", "a", "b.txt"), []byte("abcd"), 0o644)
+		}},
+		{"current not listed", func(t *testing.T, root, rev string) {
+			os.WriteFile(filepath.Join(root, "workspace.json"), []byte(`{"current":"nope","revisions":[],"version":1}`), 0o644)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			rev := good(t, base)
+			root := filepath.Join(base, "bad")
+			tc.spoil(t, root, rev)
+			before := snapshotDir(t, base)
+			st, _ := NewFSStore(base, "bad")
+			w, err := Open(ctx, st, Options{ID: "bad"})
+			if err == nil {
+				_, err = w.Restore(ctx, "current", filepath.Join(t.TempDir(), "w"), Selection{})
+				w.Close(ctx)
+			}
+			if err == nil {
+				t.Fatal("bad store accepted")
+			}
+			t.Log(err)
+			if after := snapshotDir(t, base); after != before {
+				t.Errorf("store changed:\n%s\n%s", before, after)
+			}
+		})
+	}
+}
+
+func snapshotDir(t *testing.T, dir string) string {
+	var b strings.Builder
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !strings.HasSuffix(p, ".lock") {
+			data := ""
+			if fi.Mode().IsRegular() {
+				d, _ := os.ReadFile(p)
+				data = string(d)
+			}
+			b.WriteString(p + " " + data + "\n")
+		}
+		return nil
+	})
+	return b.String()
+}
+
+func tarGz(t testing.TB, hdrs []*tar.Header, body func(*tar.Header) []byte) []byte {
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if b := body(h); b != nil {
+			tw.Write(b)
+		}
+	}
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
+
+func TestHostileArchives(t *testing.T) {
+	small := Limits{Entries: 10, ExtractedBytes: 1000, ArchiveBytes: 1 << 20}
+	zero := func(h *tar.Header) []byte { return make([]byte, h.Size) }
+	cases := []struct {
+		name string
+		hdrs []*tar.Header
+		code string
+	}{
+		{"absolute", []*tar.Header{{Name: "/etc/passwd", Typeflag: tar.TypeReg, Size: 1}}, amlerr.InvalidStore},
+		{"dotdot", []*tar.Header{{Name: "./../x", Typeflag: tar.TypeReg, Size: 1}}, amlerr.InvalidStore},
+		{"symlink", []*tar.Header{{Name: "./l", Typeflag: tar.TypeSymlink, Linkname: "/etc"}}, amlerr.InvalidStore},
+		{"hardlink", []*tar.Header{{Name: "./l", Typeflag: tar.TypeLink, Linkname: "x"}}, amlerr.InvalidStore},
+		{"bomb bytes", []*tar.Header{{Name: "./big", Typeflag: tar.TypeReg, Size: 5000}}, amlerr.LimitExceeded},
+		{"bomb entries", func() []*tar.Header {
+			var hs []*tar.Header
+			for i := 0; i < 20; i++ {
+				hs = append(hs, &tar.Header{Name: "./f" + string(rune('a'+i)), Typeflag: tar.TypeReg})
+			}
+			return hs
+		}(), amlerr.LimitExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			data := tarGz(t, tc.hdrs, zero)
+			dir := t.TempDir()
+			_, err := ReadArchive(bytes.NewReader(data), "", "x.tar.gz", small, nil)
+			if amlerr.Code(err) != tc.code {
+				t.Fatalf("got %v, want %s", err, tc.code)
+			}
+			ents, _ := os.ReadDir(dir)
+			if len(ents) != 0 {
+				t.Errorf("extracted %d entries", len(ents))
+			}
+		})
+	}
+	// The compressed size limit holds too.
+	data := tarGz(t, []*tar.Header{{Name: "./r", Typeflag: tar.TypeReg, Size: 900}}, func(h *tar.Header) []byte {
+		b := make([]byte, h.Size)
+		for i := range b {
+			b[i] = byte(i * 7919 >> 3)
+		}
+		return b
+	})
+	if _, err := ReadArchive(bytes.NewReader(data), "", "x", Limits{ArchiveBytes: 100}, nil); amlerr.Code(err) != amlerr.LimitExceeded {
+		t.Errorf("archive byte limit: %v", err)
+	}
+}
+
+func TestIndexValidation(t *testing.T) {
+	ok := `{"current":"r1","revisions":[{"createdAt":"2026-12-02T18:00:00.000Z","format":"folder","id":"r1","path":"revisions/r1/"}],"version":1}`
+	if _, err := ParseIndex([]byte(ok)); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]string{
+		"version 2":    strings.Replace(ok, `"version":1`, `"version":2`, 1),
+		"bad path":     strings.Replace(ok, `revisions/r1/`, `revisions/r2/`, 1),
+		"archive path": strings.Replace(ok, `"format":"folder"`, `"format":"archive"`, 1),
+		"no millis":    strings.Replace(ok, `18:00:00.000Z`, `18:00:00Z`, 1),
+		"padded id":    strings.Replace(strings.Replace(ok, `"id":"r1"`, `"id":" r1"`, 1), `"current":"r1"`, `"current":" r1"`, 1),
+		"dup":          `{"current":"r1","revisions":[{"createdAt":"2026-12-02T18:00:00.000Z","format":"folder","id":"r1","path":"revisions/r1/"},{"createdAt":"2026-12-02T18:00:00.000Z","format":"folder","id":"r1","path":"revisions/r1/"}],"version":1}`,
+		"trailing":     ok + "{}",
+		"not json":     "hello",
+		"empty":        "",
+	}
+	for name, data := range bad {
+		if _, err := ParseIndex([]byte(data)); amlerr.Code(err) != amlerr.InvalidStore {
+			t.Errorf("%s: got %v", name, err)
+		}
+	}
+	// Round trip through Marshal is byte-exact.
+	idx, _ := ParseIndex([]byte(ok))
+	out, _ := idx.Marshal()
+	if string(out) != ok {
+		t.Errorf("marshal %s", out)
+	}
+	var v map[string]any
+	if json.Unmarshal(out, &v) != nil {
+		t.Error("invalid json")
+	}
+}

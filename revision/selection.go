@@ -1,0 +1,211 @@
+package revision
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/bmatcuk/doublestar/v4"
+	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// Selection decides which paths of a working tree a save or restore takes.
+//
+// Rules, in order: a path under Hidden is never taken (live mounts); a path
+// matching an Exclude glob is never taken; when Include globs are given, only
+// paths matching one are taken (and the directories above them), and such an
+// explicit include overrides .gitignore; otherwise a path is taken unless
+// .gitignore (honoured unless NoGitignore) ignores it. A glob that matches a
+// directory covers everything beneath it.
+type Selection struct {
+	Include     []string
+	Exclude     []string
+	NoGitignore bool
+	// Hidden are relative paths never taken, whatever the globs say.
+	Hidden []string
+}
+
+// Validate checks the globs.
+func (s Selection) Validate() error {
+	for _, g := range append(append([]string{}, s.Include...), s.Exclude...) {
+		if g == "" || !doublestar.ValidatePattern(g) {
+			return amlerr.New(amlerr.InvalidConfig, g, "invalid glob")
+		}
+	}
+	return nil
+}
+
+func matchAny(globs []string, p string) bool {
+	for _, g := range globs {
+		g = strings.TrimPrefix(strings.TrimSuffix(g, "/"), "/")
+		for q := p; q != "."; q = path.Dir(q) {
+			if ok, _ := doublestar.Match(g, q); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Takes reports whether a single path is selected, ignoring .gitignore. It
+// is used to filter a manifest on restore.
+func (s Selection) Takes(p string) bool {
+	if s.hidden(p) || matchAny(s.Exclude, p) {
+		return false
+	}
+	return len(s.Include) == 0 || matchAny(s.Include, p)
+}
+
+// Filter returns the entries Takes selects, keeping the directories above
+// selected files.
+func (s Selection) Filter(es []TreeEntry) []TreeEntry {
+	if len(s.Include) == 0 && len(s.Exclude) == 0 && len(s.Hidden) == 0 {
+		return es
+	}
+	keep := map[string]bool{}
+	for _, e := range es {
+		if s.Takes(e.Path) {
+			keep[e.Path] = true
+			for d := path.Dir(e.Path); d != "."; d = path.Dir(d) {
+				if s.Takes(d) || len(s.Include) > 0 {
+					keep[d] = true
+				}
+			}
+		}
+	}
+	var out []TreeEntry
+	for _, e := range es {
+		if keep[e.Path] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Snapshot walks dir and returns the selected entries, ordered by depth then
+// name. A selected symlink or special file is an UNSUPPORTED_ENTRY error
+// naming its path.
+func Snapshot(dir string, s Selection) ([]TreeEntry, error) {
+	w := walker{root: dir, sel: s}
+	if _, err := w.walk("", nil, false); err != nil {
+		return nil, err
+	}
+	SortEntries(w.out)
+	return w.out, nil
+}
+
+type walker struct {
+	root string
+	sel  Selection
+	out  []TreeEntry
+}
+
+// walk visits the directory rel; it reports whether it selected anything.
+func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (bool, error) {
+	abs := filepath.Join(w.root, filepath.FromSlash(rel))
+	var domain []string
+	if rel != "" {
+		domain = strings.Split(rel, "/")
+	}
+	if !w.sel.NoGitignore && !ignored {
+		ps, err := readGitignore(filepath.Join(abs, ".gitignore"), domain)
+		if err != nil {
+			return false, err
+		}
+		patterns = append(patterns[:len(patterns):len(patterns)], ps...)
+	}
+	matcher := gitignore.NewMatcher(patterns)
+	ents, err := os.ReadDir(abs)
+	if err != nil {
+		return false, err
+	}
+	any := false
+	for _, de := range ents {
+		p := de.Name()
+		if rel != "" {
+			p = rel + "/" + p
+		}
+		if w.sel.hidden(p) || matchAny(w.sel.Exclude, p) {
+			continue // excluded or hidden: prune
+		}
+		isDir := de.IsDir()
+		ign := !w.sel.NoGitignore && (ignored || matcher.Match(append(domain[:len(domain):len(domain)], de.Name()), isDir))
+		explicit := len(w.sel.Include) > 0 && matchAny(w.sel.Include, p)
+		selected := (len(w.sel.Include) == 0 && !ign) || explicit
+		if isDir {
+			if !selected && len(w.sel.Include) == 0 {
+				continue // ignored directory: prune
+			}
+			mark := len(w.out)
+			sub, err := w.walk(p, patterns, ign)
+			if err != nil {
+				return false, err
+			}
+			if selected || sub {
+				fi, err := de.Info()
+				if err != nil {
+					return false, err
+				}
+				// Insert the directory before its children.
+				w.out = append(w.out, TreeEntry{})
+				copy(w.out[mark+1:], w.out[mark:])
+				w.out[mark] = TreeEntry{Path: p, Type: TypeDir, Mode: uint32(fi.Mode().Perm())}
+				any = true
+			}
+			continue
+		}
+		if !selected {
+			continue
+		}
+		fi, err := de.Info()
+		if err != nil {
+			return false, err
+		}
+		if !fi.Mode().IsRegular() {
+			kind := "special file"
+			if fi.Mode()&os.ModeSymlink != 0 {
+				kind = "symbolic link"
+			}
+			return false, amlerr.New(amlerr.UnsupportedEntry, p, "%s in the save selection; only regular files and directories can be saved (exclude it or add it to .gitignore)", kind)
+		}
+		w.out = append(w.out, TreeEntry{Path: p, Type: TypeFile, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()})
+		any = true
+	}
+	return any, nil
+}
+
+func (s Selection) hidden(p string) bool {
+	for _, h := range s.Hidden {
+		if p == h || strings.HasPrefix(p, h+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func readGitignore(file string, domain []string) ([]gitignore.Pattern, error) {
+	f, err := os.Open(file)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	defer f.Close()
+	var ps []gitignore.Pattern
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		ps = append(ps, gitignore.ParsePattern(line, domain))
+	}
+	return ps, sc.Err()
+}

@@ -1,0 +1,66 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"io"
+)
+
+// Sentinel errors stores return, wrapped.
+var (
+	ErrNotExist     = errors.New("not found")
+	ErrExist        = errors.New("already exists")
+	ErrPrecondition = errors.New("precondition failed: the object changed since it was read")
+)
+
+// Store is one workspace's durable root: ROOT = base/seg(id). Keys are
+// /-separated and relative to ROOT.
+type Store interface {
+	// String names the root, for messages.
+	String() string
+	// ReadIndex returns workspace.json and an opaque version token for
+	// conditional publication, or ErrNotExist.
+	ReadIndex(ctx context.Context) (data []byte, version string, err error)
+	// PublishIndex replaces workspace.json only if its version is still prev
+	// ("" meaning there is none); otherwise it returns ErrPrecondition.
+	PublishIndex(ctx context.Context, data []byte, prev string) (version string, err error)
+	// Open reads one object, or returns ErrNotExist.
+	Open(ctx context.Context, key string) (io.ReadCloser, error)
+	// Stage starts writing the artifact at key ("revisions/<id>/" or
+	// "revisions/<id>.tar.gz"); nothing is visible at key until Commit.
+	Stage(ctx context.Context, key string) (Stager, error)
+	// Remove deletes the artifact at key, tolerating its absence.
+	Remove(ctx context.Context, key string) error
+	// Artifacts lists the artifact keys under revisions/, and any staging
+	// leftovers, so that orphans can be found and removed.
+	Artifacts(ctx context.Context) ([]string, error)
+	// Lock takes the single-writer lease for the workspace, or fails with
+	// AML_WORKSPACE_CONFLICT.
+	Lock(ctx context.Context) (Lease, error)
+	// Destroy removes the workspace root and everything under it.
+	Destroy(ctx context.Context) error
+}
+
+// Stager writes one artifact.
+type Stager interface {
+	// Put writes name (relative to the artifact; "" for a single-object
+	// artifact) with exactly size bytes from r, or all of r if size < 0.
+	Put(ctx context.Context, name string, r io.Reader, size int64) error
+	// Reuse makes name a copy of the existing object fromKey without moving
+	// the bytes through amlfs (a hard link, or a server-side copy).
+	Reuse(ctx context.Context, name, fromKey string) error
+	// Commit makes the artifact visible at its key if nothing is there yet,
+	// else returns ErrExist. Everything is durable when it returns.
+	Commit(ctx context.Context) error
+	// Abort discards whatever was written.
+	Abort(ctx context.Context) error
+}
+
+// Lease is a held writer lock.
+type Lease interface {
+	// Lost reports a lease lost since acquisition (for example taken over
+	// after a missed heartbeat), or nil.
+	Lost() error
+	// Release gives the lease up; it reports a lost lease.
+	Release(ctx context.Context) error
+}

@@ -1,0 +1,429 @@
+package revision
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// Options configure a Workspace.
+type Options struct {
+	ID        string
+	Format    string // FormatFolder (default) or FormatArchive
+	Retention int    // revisions kept, counting the new current one (default 1)
+	Limits    Limits
+	NoLock    bool
+	Log       *slog.Logger
+	Now       func() time.Time
+}
+
+// Workspace is one workspace identity in a store: its lease, the index it
+// observed, and the save and restore operations AML defines.
+type Workspace struct {
+	store Store
+	opts  Options
+	log   *slog.Logger
+
+	mu      sync.Mutex // serializes saves; guards the fields below
+	index   *Index     // GUARDED_BY(mu); nil for a new workspace
+	version string     // GUARDED_BY(mu); the index version observed
+	lease   Lease
+}
+
+// Open takes the lease (unless NoLock) and loads the index. A store with no
+// index is a new workspace; any other problem is an error.
+func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
+	if opts.Format == "" {
+		opts.Format = FormatFolder
+	}
+	if opts.Format != FormatFolder && opts.Format != FormatArchive {
+		return nil, amlerr.New(amlerr.InvalidConfig, opts.Format, "format must be folder or archive")
+	}
+	if opts.Retention < 1 {
+		opts.Retention = 1
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	w := &Workspace{store: store, opts: opts, log: opts.Log}
+	if !opts.NoLock {
+		lease, err := store.Lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		w.lease = lease
+	}
+	if err := w.reload(ctx); err != nil {
+		w.Close(ctx)
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Workspace) reload(ctx context.Context) error {
+	data, ver, err := w.store.ReadIndex(ctx)
+	if errors.Is(err, ErrNotExist) {
+		w.index, w.version = nil, ""
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read index of %s: %w", w.store, err)
+	}
+	idx, err := ParseIndex(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", w.store, err)
+	}
+	w.index, w.version = idx, ver
+	return nil
+}
+
+// Index returns a copy of the index as last observed, or nil.
+func (w *Workspace) Index() *Index {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.index == nil {
+		return nil
+	}
+	c := *w.index
+	c.Revisions = append([]Entry(nil), w.index.Revisions...)
+	return &c
+}
+
+// Store returns the underlying store.
+func (w *Workspace) Store() Store { return w.store }
+
+// Resolve returns the entry for "current" or a revision id.
+func (w *Workspace) Resolve(rev string) (Entry, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.index == nil {
+		return Entry{}, amlerr.New(amlerr.InvalidStore, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
+	}
+	if rev == "" || rev == "current" {
+		rev = w.index.Current
+	}
+	e, ok := w.index.Find(rev)
+	if !ok {
+		return Entry{}, amlerr.New(amlerr.InvalidStore, rev, "no such revision in %s", w.store)
+	}
+	return e, nil
+}
+
+// Tree returns the entries of a revision, read from its manifest or
+// archive and fully validated.
+func (w *Workspace) Tree(ctx context.Context, e Entry) ([]TreeEntry, error) {
+	if e.Format == FormatArchive {
+		r, err := w.openArtifact(ctx, e.Path)
+		if err != nil {
+			return nil, err
+		}
+		defer r.Close()
+		return ReadArchive(r, "", e.Path, w.opts.Limits, nil)
+	}
+	m, err := w.manifest(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	return m.Entries, nil
+}
+
+func (w *Workspace) openArtifact(ctx context.Context, key string) (io.ReadCloser, error) {
+	r, err := w.store.Open(ctx, key)
+	if errors.Is(err, ErrNotExist) {
+		return nil, amlerr.New(amlerr.InvalidStore, key, "the index refers to it, but it is missing from %s", w.store)
+	}
+	return r, err
+}
+
+func (w *Workspace) manifest(ctx context.Context, e Entry) (*Manifest, error) {
+	key := e.Path + "manifest.json"
+	r, err := w.openArtifact(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	data, err := ReadAllLimited(r, MaxManifestBytes, key)
+	if err != nil {
+		return nil, amlerr.Wrap(amlerr.InvalidStore, key, err)
+	}
+	return ParseManifest(key, data, w.opts.Limits)
+}
+
+// Restore materializes revision rev ("current" or an id) into dir, which
+// must not exist yet. On failure dir is left absent.
+func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection) (Entry, error) {
+	e, err := w.Resolve(rev)
+	if err != nil {
+		return Entry{}, err
+	}
+	tmp := dir + ".restoring"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return Entry{}, err
+	}
+	if err := w.restoreInto(ctx, e, tmp, sel); err != nil {
+		os.RemoveAll(tmp)
+		return Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
+		return Entry{}, err
+	}
+	return e, nil
+}
+
+func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection) error {
+	if e.Format == FormatArchive {
+		// Validate the whole archive before extracting anything.
+		if _, err := w.Tree(ctx, e); err != nil {
+			return err
+		}
+		r, err := w.openArtifact(ctx, e.Path)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = ReadArchive(r, dir, e.Path, w.opts.Limits, sel.Takes)
+		return err
+	}
+	m, err := w.manifest(ctx, e)
+	if err != nil {
+		return err
+	}
+	mat := materializer{root: dir}
+	for _, te := range sel.Filter(m.Entries) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if te.Type == TypeDir {
+			if err := mat.add(te, nil); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := w.restoreFile(ctx, &mat, e.Path+"files/"+te.Path, te); err != nil {
+			return err
+		}
+	}
+	return mat.finish()
+}
+
+func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te TreeEntry) error {
+	r, err := w.openArtifact(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	// The object must hold exactly the manifest's size.
+	if err := mat.add(te, r); err != nil {
+		return amlerr.Wrap(amlerr.InvalidStore, key, err)
+	}
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n > 0 {
+		return amlerr.New(amlerr.InvalidStore, key, "object is larger than the manifest's size %d", te.Size)
+	}
+	return nil
+}
+
+// SaveResult describes a published revision.
+type SaveResult struct {
+	Entry   Entry
+	Files   int
+	Bytes   int64
+	Pruned  []string
+	Elapsed time.Duration
+}
+
+// Save snapshots dir per sel and publishes it as a new current revision,
+// following AML's order: snapshot, check limits, upload with
+// create-if-absent, publish conditionally, then prune. If publication fails
+// the upload is removed and the previous revision stays current. revID may
+// be "" for a fresh UUID.
+func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID string) (SaveResult, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := time.Now()
+	fail := func(err error) (SaveResult, error) {
+		if amlerr.Code(err) == amlerr.SaveFailed {
+			return SaveResult{}, err
+		}
+		return SaveResult{}, amlerr.Wrap(amlerr.SaveFailed, w.opts.ID, err)
+	}
+	if revID == "" {
+		revID = uuid.NewString()
+	} else if err := ValidateRevisionID(revID); err != nil {
+		return SaveResult{}, amlerr.Wrap(amlerr.InvalidConfig, revID, err)
+	}
+	if w.index != nil {
+		if _, dup := w.index.Find(revID); dup {
+			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "revision id already exists in %s", w.store)
+		}
+	}
+	if w.lease != nil {
+		if err := w.lease.Lost(); err != nil {
+			return fail(err)
+		}
+	}
+	// 1. Snapshot. 2. Limits.
+	entries, err := Snapshot(dir, sel)
+	if err != nil {
+		return fail(err)
+	}
+	var total int64
+	files := 0
+	for _, te := range entries {
+		if te.Type == TypeFile {
+			total += te.Size
+			files++
+		}
+	}
+	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
+		return fail(err)
+	}
+	// 3. Upload.
+	entry := Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
+	if err := w.upload(ctx, dir, entry, entries); err != nil {
+		if errors.Is(err, ErrExist) {
+			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
+		}
+		return fail(err)
+	}
+	// 4. Publish.
+	next, pruned := w.index.WithNew(entry, w.opts.Retention)
+	data, err := next.Marshal()
+	if err == nil && w.lease != nil {
+		err = w.lease.Lost()
+	}
+	var ver string
+	if err == nil {
+		ver, err = w.store.PublishIndex(ctx, data, w.version)
+	}
+	if err != nil {
+		// 6. Remove the orphan upload; the previous revision stays current.
+		if rerr := w.store.Remove(context.WithoutCancel(ctx), entry.Path); rerr != nil {
+			w.log.Error("remove unpublished artifact", "path", entry.Path, "err", rerr)
+		}
+		if errors.Is(err, ErrPrecondition) {
+			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten", err)))
+		}
+		return fail(err)
+	}
+	w.index, w.version = next, ver
+	// 5. Prune, only now.
+	res := SaveResult{Entry: entry, Files: files, Bytes: total}
+	for _, p := range pruned {
+		if err := w.store.Remove(ctx, p.Path); err != nil {
+			w.log.Warn("prune revision", "revision", p.ID, "path", p.Path, "err", err)
+			continue
+		}
+		res.Pruned = append(res.Pruned, p.ID)
+	}
+	w.cleanOrphans(ctx)
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry) (err error) {
+	st, err := w.store.Stage(ctx, entry.Path)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			st.Abort(context.WithoutCancel(ctx))
+		}
+	}()
+	if entry.Format == FormatArchive {
+		pr, pw := io.Pipe()
+		go func() {
+			_, err := WriteArchive(pw, dir, entries, w.opts.Limits)
+			pw.CloseWithError(err)
+		}()
+		err := st.Put(ctx, "", pr, -1)
+		pr.CloseWithError(err) // unblock the writer if Put stopped early
+		if err != nil {
+			return err
+		}
+		return st.Commit(ctx)
+	}
+	for _, te := range entries {
+		if te.Type != TypeFile {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := putFile(ctx, st, "files/"+te.Path, filepath.Join(dir, filepath.FromSlash(te.Path)), te.Size); err != nil {
+			return err
+		}
+	}
+	m := Manifest{Entries: entries}
+	data, err := m.Marshal()
+	if err != nil {
+		return err
+	}
+	if err := st.Put(ctx, "manifest.json", bytes.NewReader(data), int64(len(data))); err != nil {
+		return err
+	}
+	return st.Commit(ctx)
+}
+
+func putFile(ctx context.Context, st Stager, name, src string, size int64) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return st.Put(ctx, name, f, size)
+}
+
+// cleanOrphans removes artifacts the index does not name, left by a crashed
+// or failed save. It runs only under the lease, when no other writer can be
+// between upload and publish.
+func (w *Workspace) cleanOrphans(ctx context.Context) {
+	if w.lease == nil || w.index == nil {
+		return
+	}
+	keys, err := w.store.Artifacts(ctx)
+	if err != nil {
+		w.log.Warn("list artifacts", "err", err)
+		return
+	}
+	known := map[string]bool{}
+	for _, e := range w.index.Revisions {
+		known[e.Path] = true
+	}
+	for _, k := range keys {
+		if known[k] {
+			continue
+		}
+		w.log.Info("remove orphan artifact", "path", k)
+		if err := w.store.Remove(ctx, k); err != nil {
+			w.log.Warn("remove orphan artifact", "path", k, "err", err)
+		}
+	}
+}
+
+// Close releases the lease. It reports a lease that was lost.
+func (w *Workspace) Close(ctx context.Context) error {
+	if w.lease == nil {
+		return nil
+	}
+	err := w.lease.Release(ctx)
+	w.lease = nil
+	return err
+}
