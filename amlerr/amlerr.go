@@ -7,6 +7,7 @@ package amlerr
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Codes. The first two are AML's own words; the rest are amlfs's.
@@ -65,6 +66,16 @@ func Wrap(code, subject string, err error) error {
 		return nil
 	}
 	return &Error{Code: code, Subject: subject, Err: err}
+}
+
+// FromMessage rebuilds a coded error from its rendered message (as it
+// crosses a process boundary), without repeating the code word.
+func FromMessage(code, msg string) error {
+	if code == "" {
+		return errors.New(msg)
+	}
+	msg = strings.TrimPrefix(strings.TrimPrefix(msg, code), " ")
+	return &Error{Code: code, Err: errors.New(msg)}
 }
 
 // Code returns the outermost code in err's chain, or "".

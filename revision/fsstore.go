@@ -283,6 +283,7 @@ func (st *fsStager) Commit(ctx context.Context) error {
 		}
 		return &os.PathError{Op: "rename", Path: dst, Err: err}
 	}
+	os.Remove(filepath.Dir(st.tmp)) // the staging dir, if no other save uses it
 	return syncDir(filepath.Dir(dst))
 }
 

@@ -418,6 +418,14 @@ func (w *Workspace) cleanOrphans(ctx context.Context) {
 	}
 }
 
+// LeaseErr reports a lost lease; nil when held or when running unlocked.
+func (w *Workspace) LeaseErr() error {
+	if w.lease == nil {
+		return nil
+	}
+	return w.lease.Lost()
+}
+
 // Close releases the lease. It reports a lease that was lost.
 func (w *Workspace) Close(ctx context.Context) error {
 	if w.lease == nil {

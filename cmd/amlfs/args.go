@@ -1,0 +1,84 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// interspersed moves a command's flags ahead of its positional arguments,
+// so that `amlfs mount /workspace --store ...` works as documented:
+// urfave/cli v2 stops parsing flags at the first positional argument.
+// Everything after "--" is left alone.
+func interspersed(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	out := []string{args[0]}
+	i := 1
+	flags := app.Flags
+	cmds := app.Commands
+	// Global flags, then the command chain.
+	for i < len(args) {
+		a := args[i]
+		if strings.HasPrefix(a, "-") {
+			out = append(out, a)
+			i++
+			if takesValue(flags, a) && i < len(args) {
+				out = append(out, args[i])
+				i++
+			}
+			continue
+		}
+		var next *cli.Command
+		for _, c := range cmds {
+			if c.HasName(a) {
+				next = c
+			}
+		}
+		if next == nil {
+			break
+		}
+		out = append(out, a)
+		i++
+		flags, cmds = next.Flags, next.Subcommands
+	}
+	var pos []string
+	for i < len(args) {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i:]...)
+			break
+		}
+		if strings.HasPrefix(a, "-") && a != "-" {
+			out = append(out, a)
+			i++
+			if takesValue(flags, a) && i < len(args) {
+				out = append(out, args[i])
+				i++
+			}
+			continue
+		}
+		pos = append(pos, a)
+		i++
+	}
+	return append(out, pos...)
+}
+
+// takesValue reports whether a "--name" token needs the next token as its
+// value (not for bool flags, nor for "--name=value").
+func takesValue(flags []cli.Flag, tok string) bool {
+	name := strings.TrimLeft(tok, "-")
+	if strings.Contains(name, "=") {
+		return false
+	}
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				_, isBool := f.(*cli.BoolFlag)
+				return !isBool
+			}
+		}
+	}
+	return false
+}

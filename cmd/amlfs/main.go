@@ -1,0 +1,89 @@
+// Command amlfs mounts a revision-backed AML workspace through FUSE.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+func main() {
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	err := app.RunContext(context.Background(), interspersed(app, args))
+	if err == nil {
+		return 0
+	}
+	var ex exitStatus
+	if errors.As(err, &ex) {
+		return int(ex)
+	}
+	fmt.Fprintf(stderr, "amlfs: %v\n", err)
+	return amlerr.ExitStatus(err)
+}
+
+// exitStatus ends the program with a status, having printed already.
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+func usageError(c *cli.Context, err error, isSubcommand bool) error {
+	return amlerr.Wrap(amlerr.InvalidConfig, "", err)
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:            "amlfs",
+		Usage:           "a durable, revision-backed working directory for agent sandboxes, through FUSE",
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		OnUsageError:    usageError,
+		HideHelpCommand: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
+		},
+		Commands: []*cli.Command{
+			mountCommand(),
+			unmountCommand(),
+			commitCommand(),
+			statusCommand(),
+			revisionsCommand(),
+		},
+		ExitErrHandler: func(*cli.Context, error) {},
+	}
+}
+
+func logger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return nil, amlerr.New(amlerr.InvalidConfig, c.String("log-level"), "--log-level must be debug, info, warn or error")
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch c.String("log-format") {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, amlerr.New(amlerr.InvalidConfig, c.String("log-format"), "--log-format must be text or json")
+}
+
+// oneArg returns the single positional argument a command takes.
+func oneArg(c *cli.Context, name string) (string, error) {
+	if c.NArg() != 1 {
+		return "", amlerr.New(amlerr.InvalidConfig, "", "%s takes exactly one argument, %s (got %d: %s)", c.Command.FullName(), name, c.NArg(), strings.Join(c.Args().Slice(), " "))
+	}
+	return c.Args().First(), nil
+}

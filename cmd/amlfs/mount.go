@@ -1,0 +1,277 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/urfave/cli/v2"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/mount"
+)
+
+func mountFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
+		&cli.StringFlag{Name: "id", Usage: "workspace identity (default: a new UUID, printed)"},
+		&cli.StringFlag{Name: "load", Value: "current", Usage: "current, a revision id, or none"},
+		&cli.StringFlag{Name: "format", Value: "folder", Usage: "format of saved revisions: folder or archive"},
+		&cli.StringFlag{Name: "save", Value: mount.SaveOnSuccess, Usage: "on-success, always or never"},
+		&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
+		&cli.StringSliceFlag{Name: "include", Usage: "glob of paths to save and restore (repeatable)"},
+		&cli.StringSliceFlag{Name: "exclude", Usage: "glob of paths never saved or restored (repeatable; wins over include)"},
+		&cli.BoolFlag{Name: "no-gitignore", Usage: "save paths .gitignore ignores"},
+		&cli.BoolFlag{Name: "no-lock", Usage: "skip the writer lease (publication stays conditional)"},
+		&cli.StringFlag{Name: "cache-dir", Usage: "where working trees live", DefaultText: "$XDG_CACHE_HOME/amlfs"},
+		&cli.StringSliceFlag{Name: "o", Usage: "FUSE mount options, comma-separated (allow_other, default_permissions, ...)"},
+		&cli.DurationFlag{Name: "kernel-cache", Usage: "kernel entry/attr cache time", DefaultText: "1h"},
+		&cli.BoolFlag{Name: "fuse-debug", Usage: "log every FUSE request"},
+	}
+}
+
+func configFrom(c *cli.Context, mountpoint string) mount.Config {
+	var fo []string
+	for _, o := range c.StringSlice("o") {
+		fo = append(fo, strings.Split(o, ",")...)
+	}
+	return mount.Config{
+		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), Load: c.String("load"),
+		Format: c.String("format"), Save: c.String("save"), Retention: c.Int("retention"),
+		Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
+		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), CacheDir: c.String("cache-dir"),
+		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
+	}
+}
+
+const readyFdEnv = "AMLFS_READY_FD"
+
+func mountCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "mount",
+		Usage:     "mount a workspace and serve it until unmounted or signalled",
+		ArgsUsage: "MOUNTPOINT",
+		Flags: append(mountFlags(),
+			&cli.BoolFlag{Name: "daemon", Usage: "detach once the mount is ready"},
+		),
+		Action: func(c *cli.Context) error {
+			mp, err := oneArg(c, "MOUNTPOINT")
+			if err != nil {
+				return err
+			}
+			cfg := configFrom(c, mp)
+			if err := cfg.Normalize(); err != nil {
+				return err
+			}
+			if cfg.ID == "" {
+				cfg.ID = uuid.NewString()
+				fmt.Fprintf(c.App.Writer, "workspace id: %s\n", cfg.ID)
+			}
+			if c.Bool("daemon") && os.Getenv(readyFdEnv) == "" {
+				return daemonize(c, cfg)
+			}
+			log, err := logger(c, c.App.ErrWriter)
+			if err != nil {
+				return err
+			}
+			ready := func(string) {}
+			var readyPipe *os.File
+			if fd, err := strconv.Atoi(os.Getenv(readyFdEnv)); err == nil {
+				readyPipe = os.NewFile(uintptr(fd), "ready")
+				ready = func(string) { fmt.Fprintln(readyPipe, "ready"); readyPipe.Close() }
+			} else {
+				ready = func(mp string) {
+					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s); unmount with `amlfs unmount %s` or Ctrl-C\n", mp, cfg.ID, mp)
+				}
+			}
+			err = mount.Run(c.Context, cfg, log, ready)
+			if err != nil && readyPipe != nil {
+				fmt.Fprintf(readyPipe, "error\t%d\t%s\n", amlerr.ExitStatus(err), err)
+				readyPipe.Close()
+			}
+			return err
+		},
+	}
+}
+
+// daemonize re-executes amlfs detached, with its logs in the runtime dir,
+// and returns once the child reports the mount ready, or fails with the
+// child's error and exit status.
+func daemonize(c *cli.Context, cfg mount.Config) error {
+	if err := os.MkdirAll(mount.RuntimeDir(), 0o700); err != nil {
+		return err
+	}
+	logPath := mount.LogPath(cfg.Mountpoint)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	// The child gets the same flags, the normalized config's identity and
+	// mountpoint, and no --daemon.
+	args := []string{"--log-level", c.String("log-level"), "--log-format", c.String("log-format"), "mount"}
+	for _, f := range c.Command.Flags {
+		name := f.Names()[0]
+		if name == "daemon" || name == "id" || !c.IsSet(name) {
+			continue
+		}
+		switch v := c.Value(name).(type) {
+		case cli.StringSlice:
+			for _, s := range v.Value() {
+				args = append(args, "--"+name, s)
+			}
+		case bool:
+			args = append(args, fmt.Sprintf("--%s=%v", name, v))
+		default:
+			args = append(args, "--"+name, fmt.Sprint(v))
+		}
+	}
+	args = append(args, "--id", cfg.ID, cfg.Mountpoint)
+	cmd := exec.Command("/proc/self/exe", args...)
+	cmd.Env = append(os.Environ(), readyFdEnv+"=3")
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	w.Close()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	r.Close()
+	line = strings.TrimSpace(line)
+	if line == "ready" {
+		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s, pid %d, log %s)\n", cfg.Mountpoint, cfg.ID, cmd.Process.Pid, logPath)
+		cmd.Process.Release()
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+	}
+	if parts := strings.SplitN(line, "\t", 3); len(parts) == 3 && parts[0] == "error" {
+		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s\n", parts[2])
+		code, _ := strconv.Atoi(parts[1])
+		return exitStatus(code)
+	}
+	return fmt.Errorf("the daemon exited before the mount was ready; see %s", logPath)
+}
+
+func unmountCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "unmount",
+		Usage:     "save per the mount's policy, unmount and release the lock",
+		ArgsUsage: "MOUNTPOINT",
+		Flags:     []cli.Flag{&cli.BoolFlag{Name: "no-save", Usage: "do not save; discard unsaved changes"}},
+		Action: func(c *cli.Context) error {
+			mp, err := oneArg(c, "MOUNTPOINT")
+			if err != nil {
+				return err
+			}
+			cl, err := mount.NewClient(mp)
+			if err != nil {
+				return err
+			}
+			res, err := cl.Unmount(c.Context, c.Bool("no-save"))
+			if err == mount.ErrNotRunning {
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: %s is not mounted by amlfs; nothing to do\n", mp)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if res.Error != "" {
+				return amlerr.FromMessage(res.Code, res.Error)
+			}
+			if res.Saved != nil {
+				fmt.Fprintln(c.App.Writer, res.Saved.Revision)
+			}
+			return nil
+		},
+	}
+}
+
+func commitCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "commit",
+		Usage:     "checkpoint the workspace as a revision now, without unmounting; prints its id",
+		ArgsUsage: "MOUNTPOINT",
+		Flags:     []cli.Flag{&cli.StringFlag{Name: "revision", Usage: "caller-chosen revision id"}},
+		Action: func(c *cli.Context) error {
+			mp, err := oneArg(c, "MOUNTPOINT")
+			if err != nil {
+				return err
+			}
+			cl, err := mount.NewClient(mp)
+			if err != nil {
+				return err
+			}
+			info, err := cl.Commit(c.Context, c.String("revision"))
+			if err != nil {
+				return notRunning(mp, err)
+			}
+			fmt.Fprintln(c.App.Writer, info.Revision)
+			return nil
+		},
+	}
+}
+
+func notRunning(mp string, err error) error {
+	if err == mount.ErrNotRunning {
+		return fmt.Errorf("%s: %w", mp, err)
+	}
+	return err
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "show a mount's workspace, revision, changes and lock",
+		ArgsUsage: "MOUNTPOINT",
+		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json"}},
+		Action: func(c *cli.Context) error {
+			mp, err := oneArg(c, "MOUNTPOINT")
+			if err != nil {
+				return err
+			}
+			cl, err := mount.NewClient(mp)
+			if err != nil {
+				return err
+			}
+			st, err := cl.Status(context.WithoutCancel(c.Context))
+			if err != nil {
+				return notRunning(mp, err)
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, st)
+			}
+			w := c.App.Writer
+			fmt.Fprintf(w, "mountpoint:  %s\nworkspace:   %s\nstore:       %s\nphase:       %s\n", st.Mountpoint, st.ID, st.Store, st.Phase)
+			fmt.Fprintf(w, "current:     %s\nbase:        %s\ndirty:       %v (%d changes)\nlock:        %s\n", orNone(st.CurrentRevision), orNone(st.BaseRevision), st.Dirty, st.Changes, st.Lock)
+			fmt.Fprintf(w, "save policy: %s\npassthrough: %v\nworking dir: %s\npid:         %d\n", st.SavePolicy, st.Passthrough, st.WorkDir, st.PID)
+			if st.LastSave != nil {
+				fmt.Fprintf(w, "last save:   %s at %s (%d files, %d bytes)\n", st.LastSave.Revision, st.LastSave.At.Format(time.RFC3339), st.LastSave.Files, st.LastSave.Bytes)
+			}
+			return nil
+		},
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/mount"
+	"github.com/amlfs/amlfs/revision"
+)
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func storeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
+		&cli.StringFlag{Name: "id", Usage: "workspace identity", Required: true},
+		&cli.BoolFlag{Name: "json"},
+	}
+}
+
+// openWorkspace opens the workspace named by --store and --id. Readers
+// take no lease.
+func openWorkspace(c *cli.Context, lock bool, opts revision.Options) (*revision.Workspace, error) {
+	storeURL := c.String("store")
+	if storeURL == "" {
+		storeURL = mount.DefaultStore()
+	}
+	st, err := mount.OpenStore(storeURL, c.String("id"))
+	if err != nil {
+		return nil, err
+	}
+	opts.ID = c.String("id")
+	opts.NoLock = !lock
+	ws, err := revision.Open(c.Context, st, opts)
+	if err != nil {
+		return nil, err
+	}
+	if ws.Index() == nil {
+		ws.Close(c.Context)
+		return nil, amlerr.New(amlerr.InvalidStore, opts.ID, "workspace has no revisions in %s", st)
+	}
+	return ws, nil
+}
+
+type revisionInfo struct {
+	revision.Entry
+	Current bool  `json:"current"`
+	Entries int   `json:"entries"`
+	Files   int   `json:"files"`
+	Bytes   int64 `json:"bytes"`
+}
+
+func describe(ctx context.Context, ws *revision.Workspace, e revision.Entry) (revisionInfo, []revision.TreeEntry, error) {
+	tree, err := ws.Tree(ctx, e)
+	if err != nil {
+		return revisionInfo{}, nil, err
+	}
+	info := revisionInfo{Entry: e, Current: ws.Index().Current == e.ID, Entries: len(tree)}
+	for _, te := range tree {
+		if te.Type == revision.TypeFile {
+			info.Files++
+			info.Bytes += te.Size
+		}
+	}
+	return info, tree, nil
+}
+
+func revisionsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "revisions",
+		Usage: "list, show and restore a workspace's revisions",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "list",
+				Usage: "list revisions, newest first, with entry counts and bytes from the store",
+				Flags: storeFlags(),
+				Action: func(c *cli.Context) error {
+					ws, err := openWorkspace(c, false, revision.Options{})
+					if err != nil {
+						return err
+					}
+					defer ws.Close(c.Context)
+					var out []revisionInfo
+					for _, e := range ws.Index().Revisions {
+						info, _, err := describe(c.Context, ws, e)
+						if err != nil {
+							return err
+						}
+						out = append(out, info)
+					}
+					if c.Bool("json") {
+						return printJSON(c.App.Writer, out)
+					}
+					for _, r := range out {
+						mark := " "
+						if r.Current {
+							mark = "*"
+						}
+						fmt.Fprintf(c.App.Writer, "%s %s  %s  %-7s  %6d entries  %12d bytes\n", mark, r.ID, r.CreatedAt, r.Format, r.Entries, r.Bytes)
+					}
+					return nil
+				},
+			},
+			{
+				Name:      "show",
+				Usage:     "list a revision's entries",
+				ArgsUsage: "REVISION",
+				Flags:     storeFlags(),
+				Action: func(c *cli.Context) error {
+					rev, err := oneArg(c, "REVISION")
+					if err != nil {
+						return err
+					}
+					ws, err := openWorkspace(c, false, revision.Options{})
+					if err != nil {
+						return err
+					}
+					defer ws.Close(c.Context)
+					e, err := ws.Resolve(rev)
+					if err != nil {
+						return err
+					}
+					info, tree, err := describe(c.Context, ws, e)
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						return printJSON(c.App.Writer, struct {
+							revisionInfo
+							Tree []revision.TreeEntry `json:"tree"`
+						}{info, tree})
+					}
+					fmt.Fprintf(c.App.Writer, "revision %s (%s, %s): %d entries, %d bytes\n", e.ID, e.Format, e.CreatedAt, info.Entries, info.Bytes)
+					for _, te := range tree {
+						kind := "f"
+						if te.Type == revision.TypeDir {
+							kind = "d"
+						}
+						fmt.Fprintf(c.App.Writer, "%s %04o %12d  %s\n", kind, te.Mode, te.Size, te.Path)
+					}
+					return nil
+				},
+			},
+			{
+				Name:      "restore",
+				Usage:     "publish an older revision's content as a new current revision; prints its id",
+				ArgsUsage: "REVISION",
+				Flags: append(storeFlags(),
+					&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
+					&cli.StringFlag{Name: "format", Value: "folder"},
+					&cli.BoolFlag{Name: "no-lock"},
+					&cli.StringFlag{Name: "cache-dir", DefaultText: "$XDG_CACHE_HOME/amlfs"},
+				),
+				Action: func(c *cli.Context) error {
+					rev, err := oneArg(c, "REVISION")
+					if err != nil {
+						return err
+					}
+					ws, err := openWorkspace(c, !c.Bool("no-lock"), revision.Options{Retention: c.Int("retention"), Format: c.String("format")})
+					if err != nil {
+						return err
+					}
+					e, err := ws.Resolve(rev)
+					if err != nil {
+						ws.Close(c.Context)
+						return err
+					}
+					cache := c.String("cache-dir")
+					if cache == "" {
+						cache = mount.DefaultCacheDir()
+					}
+					if err := os.MkdirAll(cache, 0o700); err != nil {
+						ws.Close(c.Context)
+						return err
+					}
+					tmp, err := os.MkdirTemp(cache, "restore-")
+					if err != nil {
+						ws.Close(c.Context)
+						return err
+					}
+					defer os.RemoveAll(tmp)
+					tree := filepath.Join(tmp, "tree")
+					if _, err := ws.Restore(c.Context, e.ID, tree, revision.Selection{}); err != nil {
+						ws.Close(c.Context)
+						return err
+					}
+					// The restored tree is saved whole: no .gitignore filtering.
+					res, err := ws.Save(c.Context, tree, revision.Selection{NoGitignore: true}, "")
+					if cerr := ws.Close(c.Context); err == nil && cerr != nil {
+						err = cerr
+					}
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(c.App.Writer, res.Entry.ID)
+					return nil
+				},
+			},
+		},
+	}
+}

@@ -1,0 +1,165 @@
+// Package fuse serves the workspace's working directory through go-fuse. It
+// is a thin adapter: go-fuse's loopback node does the POSIX work over the
+// per-mount working directory, and this package adds the mount options, the
+// checkpoint barrier, change tracking and kernel cache invalidation.
+package fuse
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Options configure a mount.
+type Options struct {
+	// Dir is the backing working directory.
+	Dir string
+	// FsName is shown as the source in /proc/mounts.
+	FsName string
+	// MountOptions are extra -o options (allow_other, ro, default_permissions, ...).
+	MountOptions []string
+	// Timeout is the kernel's entry and attribute cache time. amlfs is the
+	// only writer of the working directory, so it can be long; amlfs
+	// invalidates what it changes itself.
+	Timeout time.Duration
+	Debug   bool
+	Log     *slog.Logger
+}
+
+// FS is a mounted workspace.
+type FS struct {
+	server     *fuse.Server
+	root       *node
+	log        *slog.Logger
+	dir        string
+	mountpoint string
+
+	// barrier: mutations hold the read side; a checkpoint holds the write
+	// side while it snapshots, so it sees a tree no FUSE call is changing.
+	barrier sync.RWMutex
+	changes atomic.Int64 // mutations served since mount
+}
+
+// DefaultTimeout is the kernel entry/attr cache time.
+const DefaultTimeout = time.Hour
+
+// Mount serves opts.Dir at mountpoint.
+func Mount(mountpoint string, opts Options) (*FS, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	lroot, err := gofs.NewLoopbackRoot(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint}
+	ln := lroot.(*gofs.LoopbackNode)
+	f.root = &node{LoopbackNode: ln, fs: f}
+	ln.RootData.RootNode = f.root
+
+	timeout := opts.Timeout
+	mo := fuse.MountOptions{
+		FsName:               opts.FsName,
+		Name:                 "amlfs",
+		DirectMount:          os.Geteuid() == 0,
+		EnableLocks:          true,
+		MaxWrite:             1 << 20,
+		MaxReadAhead:         1 << 20,
+		Debug:                opts.Debug,
+		Logger:               log.New(slogWriter{opts.Log}, "", 0),
+		DisableXAttrs:        false,
+		MaxBackground:        64,
+		EnableSymlinkCaching: true,
+	}
+	for _, o := range opts.MountOptions {
+		switch o {
+		case "allow_other":
+			mo.AllowOther = true
+		case "":
+		default:
+			mo.Options = append(mo.Options, o)
+		}
+	}
+	gopts := &gofs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &timeout,
+		AttrTimeout:     &timeout,
+		NegativeTimeout: &timeout,
+		Logger:          mo.Logger,
+	}
+	server, err := gofs.Mount(mountpoint, f.root, gopts)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	f.server = server
+	return f, nil
+}
+
+// Passthrough reports whether the kernel granted FUSE passthrough.
+func (f *FS) Passthrough() bool {
+	return f.server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
+}
+
+// Changes returns the number of mutating operations served so far.
+func (f *FS) Changes() int64 { return f.changes.Load() }
+
+// Freeze blocks new mutations through FUSE until the returned function is
+// called. Writes the kernel passes straight to the backing file
+// (passthrough, or mmap pages already dirty) are not held back.
+func (f *FS) Freeze() (thaw func()) {
+	f.barrier.Lock()
+	return f.barrier.Unlock
+}
+
+// Wait blocks until the file system is unmounted.
+func (f *FS) Wait() { f.server.Wait() }
+
+// Unmount unmounts, retrying while the mount is busy for up to wait. If it
+// is still busy it detaches the mount lazily (MNT_DETACH) when lazy is set:
+// new opens fail at once and the daemon keeps serving open files until they
+// are closed.
+func (f *FS) Unmount(wait time.Duration, lazy bool) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := f.server.Unmount()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if lazy && isBusy(err) {
+				if err := syscall.Unmount(f.mountpoint, syscall.MNT_DETACH); err != nil {
+					return fmt.Errorf("lazy unmount: %w", err)
+				}
+				f.log.Warn("mount was busy; detached it lazily", "mountpoint", f.mountpoint)
+				return nil
+			}
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func isBusy(err error) bool {
+	return errors.Is(err, syscall.EBUSY) || strings.Contains(err.Error(), "busy")
+}
+
+// slogWriter adapts go-fuse's log.Logger output to slog.
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.l.Debug(strings.TrimRight(string(p), "\n"), "component", "go-fuse")
+	return len(p), nil
+}

@@ -1,0 +1,158 @@
+package fuse
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// node is the workspace's loopback node over the per-mount working
+// directory. go-fuse's LoopbackNode does the POSIX work; node adds what the
+// workspace needs around every mutation: the checkpoint barrier, and change
+// tracking so that an unchanged workspace is not saved again.
+type node struct {
+	*gofs.LoopbackNode
+	fs *FS
+}
+
+var _ = (gofs.NodeWrapChilder)((*node)(nil))
+
+func (n *node) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
+	return &node{LoopbackNode: ops.(*gofs.LoopbackNode), fs: n.fs}
+}
+
+// mutate runs a change under the barrier's read side and records it.
+func (n *node) mutate() func() {
+	n.fs.barrier.RLock()
+	n.fs.changes.Add(1)
+	return n.fs.barrier.RUnlock
+}
+
+const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall.O_APPEND
+
+var _ = (gofs.NodeOpener)((*node)(nil))
+
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&writeFlags != 0 {
+		// With passthrough the kernel writes to the backing file
+		// directly, so an open for writing counts as a change.
+		defer n.mutate()()
+	}
+	return n.LoopbackNode.Open(ctx, flags)
+}
+
+var _ = (gofs.NodeWriter)((*node)(nil))
+
+func (n *node) Write(ctx context.Context, f gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	defer n.mutate()()
+	return f.(gofs.FileWriter).Write(ctx, data, off)
+}
+
+var _ = (gofs.NodeCreater)((*node)(nil))
+
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	defer n.mutate()()
+	return n.LoopbackNode.Create(ctx, name, flags, mode, out)
+}
+
+var _ = (gofs.NodeMkdirer)((*node)(nil))
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	defer n.mutate()()
+	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
+}
+
+var _ = (gofs.NodeMknoder)((*node)(nil))
+
+func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	defer n.mutate()()
+	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+}
+
+var _ = (gofs.NodeSymlinker)((*node)(nil))
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	defer n.mutate()()
+	return n.LoopbackNode.Symlink(ctx, target, name, out)
+}
+
+var _ = (gofs.NodeLinker)((*node)(nil))
+
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	defer n.mutate()()
+	if t, ok := target.(*node); ok {
+		target = t.LoopbackNode
+	}
+	return n.LoopbackNode.Link(ctx, target, name, out)
+}
+
+var _ = (gofs.NodeUnlinker)((*node)(nil))
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	defer n.mutate()()
+	return n.LoopbackNode.Unlink(ctx, name)
+}
+
+var _ = (gofs.NodeRmdirer)((*node)(nil))
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	defer n.mutate()()
+	return n.LoopbackNode.Rmdir(ctx, name)
+}
+
+var _ = (gofs.NodeRenamer)((*node)(nil))
+
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	defer n.mutate()()
+	if p, ok := newParent.(*node); ok {
+		newParent = p.LoopbackNode
+	}
+	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+}
+
+var _ = (gofs.NodeSetattrer)((*node)(nil))
+
+func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	defer n.mutate()()
+	return n.LoopbackNode.Setattr(ctx, f, in, out)
+}
+
+var _ = (gofs.NodeSetxattrer)((*node)(nil))
+
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	defer n.mutate()()
+	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+}
+
+var _ = (gofs.NodeRemovexattrer)((*node)(nil))
+
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	defer n.mutate()()
+	return n.LoopbackNode.Removexattr(ctx, attr)
+}
+
+var _ = (gofs.NodeAllocater)((*node)(nil))
+
+func (n *node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	defer n.mutate()()
+	if a, ok := f.(gofs.FileAllocater); ok {
+		return a.Allocate(ctx, off, size, mode)
+	}
+	return syscall.ENOTSUP
+}
+
+var _ = (gofs.NodeCopyFileRanger)((*node)(nil))
+
+func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, len uint64, flags uint64) (uint32, syscall.Errno) {
+	defer n.mutate()()
+	return n.LoopbackNode.CopyFileRange(ctx, fhIn, offIn, out, fhOut, offOut, len, flags)
+}
+
+var _ = (gofs.NodeTmpfiler)((*node)(nil))
+
+func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	defer n.mutate()()
+	return n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
+}

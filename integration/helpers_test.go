@@ -1,0 +1,223 @@
+// Package integration runs the real amlfs binary against real FUSE.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var amlfsBin string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("integration tests need root for FUSE; skipping")
+		os.Exit(0)
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		fmt.Println("no /dev/fuse; skipping integration tests")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "amlfs-bin-")
+	if err != nil {
+		panic(err)
+	}
+	amlfsBin = filepath.Join(dir, "amlfs")
+	build := exec.Command("go", "build", "-race", "-o", amlfsBin, "../cmd/amlfs")
+	if os.Getenv("AMLFS_NO_RACE") != "" {
+		build = exec.Command("go", "build", "-o", amlfsBin, "../cmd/amlfs")
+	}
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Println("build amlfs:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's store, cache and runtime dirs.
+type env struct {
+	t       *testing.T
+	root    string
+	storeD  string
+	store   string
+	cache   string
+	runtime string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	root := t.TempDir()
+	e := &env{t: t, root: root, storeD: filepath.Join(root, "store"), cache: filepath.Join(root, "cache"), runtime: filepath.Join(root, "run")}
+	e.store = "file://" + e.storeD
+	return e
+}
+
+// result of running amlfs.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+}
+
+// amlfs runs the binary to completion.
+func (e *env) amlfs(args ...string) result {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, amlfsBin, args...)
+	cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		e.t.Fatalf("run amlfs: %v", err)
+	}
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+func (e *env) wsArgs(id string, extra ...string) []string {
+	return append([]string{"--store", e.store, "--id", id, "--cache-dir", e.cache}, extra...)
+}
+
+// mount mounts workspace id with --daemon and registers cleanup.
+func (e *env) mount(id string, extra ...string) string {
+	e.t.Helper()
+	mp := filepath.Join(e.root, "mnt-"+strings.ReplaceAll(id, "/", "_"))
+	r := e.mountAt(mp, id, extra...)
+	if r.code != 0 {
+		e.t.Fatalf("mount: %s", r)
+	}
+	return mp
+}
+
+func (e *env) mountAt(mp, id string, extra ...string) result {
+	e.t.Helper()
+	args := append([]string{"mount", "--daemon", mp}, e.wsArgs(id, extra...)...)
+	r := e.amlfs(args...)
+	if r.code == 0 {
+		e.t.Cleanup(func() { e.forceUnmount(mp) })
+	}
+	return r
+}
+
+// forceUnmount is the cleanup: an unsaved unmount, then a lazy detach if
+// anything is left.
+func (e *env) forceUnmount(mp string) {
+	e.amlfs("unmount", "--no-save", mp)
+	for i := 0; i < 50 && isMounted(mp); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if isMounted(mp) {
+		syscall.Unmount(mp, syscall.MNT_DETACH)
+	}
+}
+
+func isMounted(mp string) bool {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == mp {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *env) unmount(mp string, extra ...string) result {
+	e.t.Helper()
+	return e.amlfs(append([]string{"unmount", mp}, extra...)...)
+}
+
+// sh runs a shell script in dir and fails the test on error.
+func sh(t *testing.T, dir, script string) string {
+	t.Helper()
+	cmd := exec.Command("sh", "-ec", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com", "HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s\n%s: %v", script, out, err)
+	}
+	return string(out)
+}
+
+// treeDigest describes every path, type, mode and content hash under dir.
+func treeDigest(t *testing.T, dir string, skip func(rel string) bool) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." {
+			return nil
+		}
+		if skip != nil && skip(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		desc := fmt.Sprintf("%v", fi.Mode())
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			h := sha256.New()
+			io.Copy(h, f)
+			f.Close()
+			desc += " " + hex.EncodeToString(h.Sum(nil))
+		}
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func diffDigests(a, b map[string]string) []string {
+	var diffs []string
+	for k, v := range a {
+		if b[k] != v {
+			diffs = append(diffs, fmt.Sprintf("%s: %q vs %q", k, v, b[k]))
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s: only in second", k))
+		}
+	}
+	sort.Strings(diffs)
+	return diffs
+}

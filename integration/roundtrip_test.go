@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/amlfs/amlfs/revision"
+)
+
+// checkAMLStore verifies a workspace root against AML's published format
+// and returns its index.
+func checkAMLStore(t *testing.T, root string) *revision.Index {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, "workspace.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^\{"current":"[^"]+","revisions":\[(\{"createdAt":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z","format":"(folder|archive)","id":"[^"]+","path":"revisions/[^"]+"\},?)+\],"version":1\}$`).Match(data) {
+		t.Errorf("workspace.json is not in AML's layout: %s", data)
+	}
+	idx, err := revision.ParseIndex(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range idx.Revisions {
+		if e.Format != revision.FormatFolder {
+			continue
+		}
+		mdata, err := os.ReadFile(filepath.Join(root, e.Path, "manifest.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := revision.ParseManifest(e.Path, mdata, revision.DefaultLimits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sorted := append([]revision.TreeEntry(nil), m.Entries...)
+		revision.SortEntries(sorted)
+		if !reflect.DeepEqual(sorted, m.Entries) {
+			t.Errorf("manifest of %s is not ordered by depth, then name", e.ID)
+		}
+		files := 0
+		for _, te := range m.Entries {
+			if te.Type != revision.TypeFile {
+				continue
+			}
+			files++
+			fi, err := os.Stat(filepath.Join(root, e.Path, "files", te.Path))
+			if err != nil || fi.Size() != te.Size {
+				t.Errorf("files/%s: %v (size %d, manifest %d)", te.Path, err, fi.Size(), te.Size)
+			}
+		}
+		// files/ holds exactly the manifest's files.
+		n := 0
+		filepath.Walk(filepath.Join(root, e.Path, "files"), func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				n++
+			}
+			return nil
+		})
+		if n != files {
+			t.Errorf("files/ holds %d files, manifest %d", n, files)
+		}
+		var raw map[string]any
+		json.Unmarshal(mdata, &raw)
+		if len(raw) != 2 {
+			t.Errorf("manifest has extra keys: %s", mdata[:min(len(mdata), 200)])
+		}
+	}
+	return idx
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, format := range []string{"folder", "archive"} {
+		t.Run(format, func(t *testing.T) {
+			e := newEnv(t)
+			mp := e.mount("rt", "--format", format)
+			sh(t, mp, `
+mkdir -p src/pkg/deep/er empty build/obj
+printf 'package main\n' > src/main.go
+printf '#!/bin/sh\necho hi\n' > run.sh && chmod 755 run.sh
+chmod 700 src/pkg
+printf 'secret' > src/pkg/deep/er/f.txt && chmod 600 src/pkg/deep/er/f.txt
+printf 'build/\n' > .gitignore
+head -c 1000000 /dev/urandom > build/obj/junk.o
+head -c 100000000 /dev/urandom > big.bin
+`)
+			want := treeDigest(t, mp, func(rel string) bool { return rel == "build" })
+			if r := e.unmount(mp); r.code != 0 {
+				t.Fatalf("unmount: %s", r)
+			}
+			if isMounted(mp) {
+				t.Fatal("still mounted after unmount")
+			}
+			idx := checkAMLStore(t, filepath.Join(e.storeD, "rt"))
+			if len(idx.Revisions) != 1 || idx.Revisions[0].Format != format {
+				t.Fatalf("index: %+v", idx)
+			}
+			if format == "folder" {
+				if _, err := os.Stat(filepath.Join(e.storeD, "rt", idx.Revisions[0].Path, "files", "build")); !os.IsNotExist(err) {
+					t.Errorf("ignored build/ was saved: %v", err)
+				}
+			}
+			// The lock is released.
+			if _, err := os.Stat(filepath.Join(e.storeD, "rt.lock")); !os.IsNotExist(err) {
+				t.Errorf("lock left behind: %v", err)
+			}
+			mp2 := e.mount("rt")
+			got := treeDigest(t, mp2, nil)
+			if d := diffDigests(want, got); len(d) > 0 {
+				t.Errorf("remounted tree differs:\n%s", strings.Join(d, "\n"))
+			}
+			if _, err := os.Stat(filepath.Join(mp2, "build")); !os.IsNotExist(err) {
+				t.Errorf("build/ came back: %v", err)
+			}
+			r := e.amlfs("revisions", "list", "--store", e.store, "--id", "rt", "--json")
+			if r.code != 0 || !strings.Contains(r.stdout, idx.Current) || !strings.Contains(r.stdout, `"bytes": 100000`) {
+				t.Errorf("revisions list: %s", r)
+			}
+		})
+	}
+}
+
+// An unchanged workspace is not saved again: the revision stays current.
+func TestUnchangedUnmountKeepsRevision(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("same")
+	sh(t, mp, "echo a > a")
+	r := e.unmount(mp)
+	first := strings.TrimSpace(r.stdout)
+	mp = e.mount("same")
+	sh(t, mp, "cat a >/dev/null; ls -la >/dev/null")
+	r = e.unmount(mp)
+	if strings.TrimSpace(r.stdout) != first {
+		t.Errorf("unchanged remount saved %q, want %q kept", r.stdout, first)
+	}
+	idx := checkAMLStore(t, filepath.Join(e.storeD, "same"))
+	if idx.Current != first {
+		t.Errorf("current = %s", idx.Current)
+	}
+}

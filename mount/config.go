@@ -1,0 +1,194 @@
+// Package mount owns the mount table and the daemon lifecycle: parse and
+// validate the configuration, acquire the workspace, restore it, serve it
+// through FUSE, answer the control socket and signals, then save and
+// release.
+package mount
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision"
+)
+
+// Save policies.
+const (
+	SaveOnSuccess = "on-success"
+	SaveAlways    = "always"
+	SaveNever     = "never"
+)
+
+// Config is everything `amlfs mount` takes.
+type Config struct {
+	Mountpoint  string
+	Store       string // file:///dir
+	ID          string
+	Load        string // current | REV | none
+	Format      string
+	Save        string
+	Retention   int
+	Include     []string
+	Exclude     []string
+	NoGitignore bool
+	NoLock      bool
+	CacheDir    string
+	FuseOptions []string
+	// Timeout is the kernel entry/attr cache time (0: the default).
+	Timeout time.Duration
+	Debug   bool
+}
+
+func invalid(subject, format string, args ...any) error {
+	return amlerr.New(amlerr.InvalidConfig, subject, format, args...)
+}
+
+// DefaultStore is file://$XDG_DATA_HOME/amlfs/workspaces.
+func DefaultStore() string {
+	data := os.Getenv("XDG_DATA_HOME")
+	if data == "" {
+		home, _ := os.UserHomeDir()
+		data = filepath.Join(home, ".local", "share")
+	}
+	return "file://" + filepath.Join(data, "amlfs", "workspaces")
+}
+
+// DefaultCacheDir is $XDG_CACHE_HOME/amlfs.
+func DefaultCacheDir() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, "amlfs")
+}
+
+// Normalize fills defaults and validates. It does not touch the store.
+func (c *Config) Normalize() error {
+	if c.Mountpoint == "" {
+		return invalid("", "MOUNTPOINT is required")
+	}
+	mp, err := filepath.Abs(c.Mountpoint)
+	if err != nil {
+		return invalid(c.Mountpoint, "%v", err)
+	}
+	c.Mountpoint = mp
+	if c.Store == "" {
+		c.Store = DefaultStore()
+	}
+	if c.Load == "" {
+		c.Load = "current"
+	}
+	if c.Load != "current" && c.Load != "none" {
+		if err := revision.ValidateRevisionID(c.Load); err != nil {
+			return invalid(c.Load, "--load: %v", err)
+		}
+	}
+	if c.Format == "" {
+		c.Format = revision.FormatFolder
+	}
+	if c.Format != revision.FormatFolder && c.Format != revision.FormatArchive {
+		return invalid(c.Format, "--format must be folder or archive")
+	}
+	if c.Save == "" {
+		c.Save = SaveOnSuccess
+	}
+	switch c.Save {
+	case SaveOnSuccess, SaveAlways, SaveNever:
+	default:
+		return invalid(c.Save, "--save must be on-success, always or never")
+	}
+	if c.Retention == 0 {
+		c.Retention = 1
+	}
+	if c.Retention < 1 {
+		return invalid(fmt.Sprint(c.Retention), "--retention must be at least 1")
+	}
+	if c.CacheDir == "" {
+		c.CacheDir = DefaultCacheDir()
+	}
+	if c.CacheDir, err = filepath.Abs(c.CacheDir); err != nil {
+		return invalid(c.CacheDir, "%v", err)
+	}
+	if strings.HasPrefix(c.CacheDir+"/", c.Mountpoint+"/") {
+		return invalid(c.CacheDir, "--cache-dir must not be inside the mountpoint")
+	}
+	if _, err := StoreDir(c.Store); err != nil {
+		return err
+	}
+	return c.Selection().Validate()
+}
+
+// Selection is the save/restore selection of the config.
+func (c *Config) Selection() revision.Selection {
+	return revision.Selection{Include: c.Include, Exclude: c.Exclude, NoGitignore: c.NoGitignore}
+}
+
+// StoreDir parses a file:// store URL into its directory.
+func StoreDir(store string) (string, error) {
+	u, err := url.Parse(store)
+	if err != nil {
+		return "", invalid(store, "bad store URL: %v", err)
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return "", invalid(store, "file:// store must be local: file:///absolute/dir")
+		}
+		if u.Path == "" || !filepath.IsAbs(u.Path) {
+			return "", invalid(store, "file:// store needs an absolute path: file:///absolute/dir")
+		}
+		return filepath.Clean(u.Path), nil
+	case "s3":
+		return "", invalid(store, "the S3 store is not available in this build yet; use a file:/// store")
+	}
+	return "", invalid(store, "unsupported store scheme %q (use file:///dir)", u.Scheme)
+}
+
+// OpenStore returns the store for workspace id.
+func OpenStore(store, id string) (revision.Store, error) {
+	dir, err := StoreDir(store)
+	if err != nil {
+		return nil, err
+	}
+	st, err := revision.NewFSStore(dir, id)
+	if err != nil {
+		return nil, invalid(id, "--id: %v", err)
+	}
+	return st, nil
+}
+
+// RuntimeDir is where control sockets and daemon logs live.
+func RuntimeDir() string {
+	if d := os.Getenv("AMLFS_RUNTIME_DIR"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "amlfs")
+	}
+	if os.Geteuid() == 0 {
+		return "/run/amlfs"
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("amlfs-%d", os.Geteuid()))
+}
+
+// mountKey names per-mountpoint runtime files.
+func mountKey(mountpoint string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(mountpoint)))
+	return hex.EncodeToString(sum[:8])
+}
+
+// SocketPath is the control socket of the daemon serving mountpoint.
+func SocketPath(mountpoint string) string {
+	return filepath.Join(RuntimeDir(), mountKey(mountpoint)+".sock")
+}
+
+// LogPath is where a --daemon's logs go.
+func LogPath(mountpoint string) string {
+	return filepath.Join(RuntimeDir(), mountKey(mountpoint)+".log")
+}

@@ -1,0 +1,213 @@
+package mount
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// The control socket speaks HTTP+JSON over a unix socket at
+// SocketPath(mountpoint):
+//
+//	GET  /v1/status                     -> Status
+//	POST /v1/commit   {"revision":ID}   -> SaveInfo
+//	POST /v1/unmount  {"noSave":bool}   -> StopResult (after the daemon has stopped)
+//
+// Errors are {"error":..., "code":..., "exitCode":N} with a 4xx/5xx status.
+
+type apiError struct {
+	Error    string `json:"error"`
+	Code     string `json:"code,omitempty"`
+	ExitCode int    `json:"exitCode"`
+}
+
+type control struct {
+	srv  *http.Server
+	path string
+}
+
+func (c *control) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.srv.Shutdown(ctx)
+	os.Remove(c.path)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	code := amlerr.Code(err)
+	switch amlerr.ExitStatus(err) {
+	case amlerr.ExitUsage:
+		status = http.StatusBadRequest
+	case amlerr.ExitConflict, amlerr.ExitRevisionID:
+		status = http.StatusConflict
+	}
+	writeJSON(w, status, apiError{Error: err.Error(), Code: code, ExitCode: amlerr.ExitStatus(err)})
+}
+
+func decodeBody(r *http.Request, v any) error {
+	data, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return amlerr.New(amlerr.InvalidConfig, "request", "malformed JSON: %v", err)
+	}
+	return nil
+}
+
+func (d *Daemon) serveControl() (*control, error) {
+	path := SocketPath(d.cfg.Mountpoint)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	// A socket left by a crashed daemon refuses connections; replace it.
+	if conn, err := net.Dial("unix", path); err == nil {
+		conn.Close()
+		return nil, invalid(d.cfg.Mountpoint, "another amlfs daemon is serving this mountpoint (%s)", path)
+	}
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	os.Chmod(path, 0o600)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, d.Status())
+	})
+	mux.HandleFunc("POST /v1/commit", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Revision string `json:"revision"`
+		}
+		if err := decodeBody(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		info, err := d.Commit(r.Context(), req.Revision)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, info)
+	})
+	mux.HandleFunc("POST /v1/unmount", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			NoSave bool `json:"noSave"`
+		}
+		if err := decodeBody(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		sr := stopRequest{noSave: req.NoSave, reason: "unmount request", done: make(chan StopResult, 1)}
+		select {
+		case d.stopReqs <- sr:
+		default:
+			writeErr(w, errors.New("the daemon is already stopping"))
+			return
+		}
+		writeJSON(w, http.StatusOK, <-sr.done)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return &control{srv: srv, path: path}, nil
+}
+
+// Client talks to a daemon's control socket.
+type Client struct {
+	http *http.Client
+	path string
+}
+
+// ErrNotRunning means no daemon serves the mountpoint.
+var ErrNotRunning = errors.New("no amlfs daemon serves this mountpoint")
+
+// NewClient returns a client for the daemon serving mountpoint.
+func NewClient(mountpoint string) (*Client, error) {
+	mp, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return nil, err
+	}
+	path := SocketPath(mp)
+	return &Client{path: path, http: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", path)
+		},
+	}}}, nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://amlfs"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return ErrNotRunning
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var ae apiError
+		if json.Unmarshal(data, &ae) != nil || ae.Error == "" {
+			return fmt.Errorf("control socket: %s: %s", resp.Status, data)
+		}
+		return amlerr.FromMessage(ae.Code, ae.Error)
+	}
+	return json.Unmarshal(data, out)
+}
+
+// Status fetches the daemon's status.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	return st, err
+}
+
+// Commit checkpoints a revision.
+func (c *Client) Commit(ctx context.Context, revision string) (SaveInfo, error) {
+	var info SaveInfo
+	err := c.do(ctx, http.MethodPost, "/v1/commit", map[string]any{"revision": revision}, &info)
+	return info, err
+}
+
+// Unmount stops the daemon and waits for the outcome.
+func (c *Client) Unmount(ctx context.Context, noSave bool) (StopResult, error) {
+	var res StopResult
+	err := c.do(ctx, http.MethodPost, "/v1/unmount", map[string]any{"noSave": noSave}, &res)
+	return res, err
+}

@@ -1,0 +1,414 @@
+package mount
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/revision"
+)
+
+// Daemon is one running mount.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	ws      *revision.Workspace
+	fs      *fuse.FS
+	workDir string
+	state   string // the state file in the cache dir
+
+	mu        sync.Mutex // serializes saves and guards the fields below
+	baseRev   string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
+	baseMark  int64      // GUARDED_BY(mu): fs.Changes() when baseRev was taken; -1 forces a save
+	lastSave  *SaveInfo  // GUARDED_BY(mu)
+	phase     string     // GUARDED_BY(mu)
+	stopping  bool       // GUARDED_BY(mu)
+	stopReqs  chan stopRequest
+	startedAt time.Time
+}
+
+// SaveInfo describes the last save.
+type SaveInfo struct {
+	Revision string    `json:"revision"`
+	At       time.Time `json:"at"`
+	Files    int       `json:"files"`
+	Bytes    int64     `json:"bytes"`
+	Seconds  float64   `json:"seconds"`
+	Skipped  bool      `json:"skipped,omitempty"`
+}
+
+// Status is what `amlfs status` reports.
+type Status struct {
+	ID              string    `json:"id"`
+	Store           string    `json:"store"`
+	Mountpoint      string    `json:"mountpoint"`
+	WorkDir         string    `json:"workDir"`
+	PID             int       `json:"pid"`
+	Phase           string    `json:"phase"`
+	CurrentRevision string    `json:"currentRevision"`
+	BaseRevision    string    `json:"baseRevision"`
+	Dirty           bool      `json:"dirty"`
+	Changes         int64     `json:"changes"`
+	Lock            string    `json:"lock"`
+	Passthrough     bool      `json:"passthrough"`
+	SavePolicy      string    `json:"savePolicy"`
+	LastSave        *SaveInfo `json:"lastSave,omitempty"`
+	StartedAt       time.Time `json:"startedAt"`
+}
+
+type stopRequest struct {
+	noSave bool
+	reason string
+	done   chan StopResult
+}
+
+// StopResult is the outcome of stopping the daemon.
+type StopResult struct {
+	Saved    *SaveInfo `json:"saved,omitempty"`
+	Error    string    `json:"error,omitempty"`
+	Code     string    `json:"code,omitempty"`
+	ExitCode int       `json:"exitCode"`
+}
+
+type workState struct {
+	ID      string `json:"id"`
+	Store   string `json:"store"`
+	BaseRev string `json:"baseRevision"`
+	PID     int    `json:"pid"`
+}
+
+// Run mounts per cfg and serves until unmounted or signalled. ready is
+// called once the mount is serving (for --daemon). The returned error
+// carries the exit code.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(mountpoint string)) error {
+	if err := cfg.Normalize(); err != nil {
+		return err
+	}
+	d := &Daemon{cfg: cfg, log: log, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting"}
+	if err := d.start(ctx); err != nil {
+		d.cleanupFailedStart(ctx)
+		return err
+	}
+	ctl, err := d.serveControl()
+	if err != nil {
+		d.fs.Unmount(5*time.Second, true)
+		d.cleanupFailedStart(ctx)
+		return err
+	}
+	defer ctl.Close()
+	if ready != nil {
+		ready(cfg.Mountpoint)
+	}
+	return d.loop(ctx)
+}
+
+func (d *Daemon) setPhase(p string) {
+	d.mu.Lock()
+	d.phase = p
+	d.mu.Unlock()
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	cfg := &d.cfg
+	if err := prepareMountpoint(cfg.Mountpoint, d.log); err != nil {
+		return err
+	}
+	if cfg.ID == "" {
+		return invalid("", "--id is required here")
+	}
+	store, err := OpenStore(cfg.Store, cfg.ID)
+	if err != nil {
+		return err
+	}
+	d.setPhase("locking")
+	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock, Log: d.log})
+	if err != nil {
+		return err
+	}
+	d.ws = ws
+	seg, _ := revision.Seg(cfg.ID)
+	base := filepath.Join(cfg.CacheDir, "workspaces", seg+"@"+mountKey(store.String()))
+	d.workDir = filepath.Join(base, "work")
+	d.state = filepath.Join(base, "state.json")
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return err
+	}
+	d.setPhase("restoring")
+	if err := d.prepareWorkDir(ctx); err != nil {
+		return err
+	}
+	d.setPhase("mounting")
+	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
+		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log,
+	})
+	if err != nil {
+		return err
+	}
+	d.fs = fsys
+	d.mu.Lock()
+	if d.baseMark != -1 {
+		d.baseMark = fsys.Changes()
+	}
+	d.phase = "serving"
+	d.mu.Unlock()
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "passthrough", fsys.Passthrough())
+	return nil
+}
+
+// prepareWorkDir restores the chosen revision into the working directory,
+// or resumes an unsaved one left by an earlier run.
+func (d *Daemon) prepareWorkDir(ctx context.Context) error {
+	cfg := &d.cfg
+	// A working tree with its state file is unsaved work from an earlier
+	// run (a crash, or a failed save): resume it rather than lose it.
+	if data, err := os.ReadFile(d.state); err == nil {
+		var prev workState
+		if err := json.Unmarshal(data, &prev); err == nil {
+			if _, err := os.Stat(d.workDir); err == nil {
+				d.log.Warn("resuming the unsaved working tree an earlier run left behind; it will be saved as a new revision", "workDir", d.workDir, "baseRevision", prev.BaseRev, "pid", prev.PID)
+				fmt.Fprintf(os.Stderr, "amlfs: resuming unsaved work left by an earlier run in %s\n", d.workDir)
+				d.baseRev, d.baseMark = prev.BaseRev, -1
+				return d.writeState()
+			}
+		}
+	}
+	if err := os.RemoveAll(d.workDir); err != nil {
+		return err
+	}
+	idx := d.ws.Index()
+	switch {
+	case cfg.Load == "none":
+		d.log.Info("starting from an empty tree (--load none)")
+		if err := os.Mkdir(d.workDir, 0o755); err != nil {
+			return err
+		}
+		d.baseMark = -1
+	case idx == nil && cfg.Load == "current":
+		d.log.Info("new workspace: the store has no index yet", "id", cfg.ID)
+		if err := os.Mkdir(d.workDir, 0o755); err != nil {
+			return err
+		}
+	default:
+		start := time.Now()
+		e, err := d.ws.Restore(ctx, cfg.Load, d.workDir, cfg.Selection())
+		if err != nil {
+			return err
+		}
+		d.baseRev = e.ID
+		d.log.Info("restored", "revision", e.ID, "format", e.Format, "seconds", time.Since(start).Seconds())
+	}
+	return d.writeState()
+}
+
+// writeState records that the working tree may hold unsaved work. It is
+// removed once the tree is saved and dropped at a clean stop.
+func (d *Daemon) writeState() error {
+	data, _ := json.Marshal(workState{ID: d.cfg.ID, Store: d.ws.Store().String(), BaseRev: d.baseRev, PID: os.Getpid()})
+	tmp := d.state + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d.state)
+}
+
+func (d *Daemon) cleanupFailedStart(ctx context.Context) {
+	if d.ws != nil {
+		if err := d.ws.Close(ctx); err != nil {
+			d.log.Error("release lock", "err", err)
+		}
+	}
+}
+
+// prepareMountpoint creates the mountpoint if needed and cleans a dead
+// mount left by a crashed daemon.
+func prepareMountpoint(mp string, log *slog.Logger) error {
+	_, err := os.Stat(mp)
+	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+		log.Warn("found a dead mount (transport endpoint is not connected) at the mountpoint, left by a crashed daemon; cleaning it", "mountpoint", mp)
+		fmt.Fprintf(os.Stderr, "amlfs: cleaned a stale mount at %s (transport endpoint is not connected)\n", mp)
+		if uerr := syscall.Unmount(mp, syscall.MNT_DETACH); uerr != nil {
+			return fmt.Errorf("clean stale mount at %s: %w", mp, uerr)
+		}
+		_, err = os.Stat(mp)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return os.MkdirAll(mp, 0o755)
+	}
+	if err != nil {
+		return fmt.Errorf("mountpoint %s: %w", mp, err)
+	}
+	if mounted, _ := isMountpoint(mp); mounted {
+		if _, err := os.Stat(SocketPath(mp)); err == nil {
+			return invalid(mp, "already mounted by amlfs; `amlfs unmount %s` first", mp)
+		}
+		return invalid(mp, "something is already mounted there")
+	}
+	return nil
+}
+
+// loop waits for a stop: a signal, a control request, or an external
+// unmount.
+func (d *Daemon) loop(ctx context.Context) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	served := make(chan struct{})
+	go func() { d.fs.Wait(); close(served) }()
+	for {
+		select {
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGUSR1:
+				go func() {
+					info, err := d.Commit(ctx, "")
+					if err != nil {
+						d.log.Error("checkpoint on SIGUSR1 failed", "err", err)
+						return
+					}
+					d.log.Info("checkpoint on SIGUSR1", "revision", info.Revision, "skipped", info.Skipped)
+				}()
+			case syscall.SIGHUP:
+				d.log.Info("SIGHUP: the workspace has no remote cache to refresh")
+			default:
+				res := d.stop(ctx, stopRequest{reason: sig.String()}, true)
+				return resultErr(res)
+			}
+		case req := <-d.stopReqs:
+			res := d.stop(ctx, req, true)
+			req.done <- res
+			return resultErr(res)
+		case <-served:
+			d.log.Warn("the mount went away (unmounted externally)")
+			res := d.stop(ctx, stopRequest{reason: "external unmount"}, false)
+			return resultErr(res)
+		}
+	}
+}
+
+func resultErr(res StopResult) error {
+	if res.Error == "" {
+		return nil
+	}
+	return amlerr.FromMessage(res.Code, res.Error)
+}
+
+// stop unmounts, saves per policy, and releases the lease.
+func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopResult {
+	d.mu.Lock()
+	d.stopping = true
+	d.mu.Unlock()
+	d.log.Info("stopping", "reason", req.reason, "save", d.cfg.Save, "noSave", req.noSave)
+	d.setPhase("unmounting")
+	var res StopResult
+	if unmount {
+		if err := d.fs.Unmount(3*time.Second, true); err != nil {
+			d.log.Error("unmount", "err", err)
+		}
+	}
+	if !req.noSave && d.cfg.Save != SaveNever {
+		d.setPhase("saving")
+		info, err := d.save(ctx, "")
+		if err != nil {
+			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "err", err, "workDir", d.workDir)
+			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitStatus(err)
+			if res.Code == "" {
+				res.Code, res.ExitCode = amlerr.SaveFailed, amlerr.ExitSave
+			}
+		} else {
+			res.Saved = &info
+		}
+	}
+	d.setPhase("releasing")
+	if err := d.ws.Close(context.WithoutCancel(ctx)); err != nil {
+		d.log.Error("release lock", "err", err)
+		if res.Error == "" {
+			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitOther
+		}
+	}
+	d.mu.Lock()
+	dirty := d.baseMark == -1 || d.fs.Changes() != d.baseMark
+	d.mu.Unlock()
+	if res.Error == "" && (!dirty || d.cfg.Save == SaveNever || req.noSave) {
+		// Nothing unsaved is worth keeping: drop the working tree.
+		if dirty {
+			d.log.Info("discarding unsaved changes (save disabled)")
+		}
+		os.RemoveAll(d.workDir)
+		os.Remove(d.state)
+	}
+	d.setPhase("stopped")
+	d.log.Info("stopped", "exitCode", res.ExitCode)
+	return res
+}
+
+// Commit checkpoints the workspace without unmounting.
+func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
+	d.mu.Lock()
+	stopping := d.stopping
+	d.mu.Unlock()
+	if stopping {
+		return SaveInfo{}, errors.New("the daemon is stopping")
+	}
+	thaw := d.fs.Freeze()
+	defer thaw()
+	return d.save(ctx, revID)
+}
+
+// save publishes the working tree unless it is unchanged since it was
+// restored or last saved and that revision is still current.
+func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	mark := d.fs.Changes()
+	if idx := d.ws.Index(); revID == "" && d.baseMark == mark && idx != nil && idx.Current == d.baseRev {
+		d.log.Info("no changes since the last revision; it stays current", "revision", d.baseRev)
+		info := SaveInfo{Revision: d.baseRev, At: time.Now(), Skipped: true}
+		d.lastSave = &info
+		return info, nil
+	}
+	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
+	if err != nil {
+		return SaveInfo{}, err
+	}
+	d.baseRev, d.baseMark = res.Entry.ID, mark
+	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds()}
+	d.lastSave = &info
+	if err := d.writeState(); err != nil {
+		d.log.Warn("write state", "err", err)
+	}
+	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes, "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
+	return info, nil
+}
+
+// Status reports the daemon's state.
+func (d *Daemon) Status() Status {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := Status{
+		ID: d.cfg.ID, Store: d.ws.Store().String(), Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
+		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
+		Passthrough: d.fs.Passthrough(), SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
+	}
+	st.Dirty = d.baseMark == -1 || st.Changes != d.baseMark
+	if idx := d.ws.Index(); idx != nil {
+		st.CurrentRevision = idx.Current
+	}
+	st.Lock = "held"
+	if d.cfg.NoLock {
+		st.Lock = "none"
+	} else if err := d.ws.LeaseErr(); err != nil {
+		st.Lock = "lost: " + err.Error()
+	}
+	return st
+}
