@@ -22,6 +22,8 @@ import (
 type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
+	hooks   Hooks
+	slot    *os.File // flock'd claim on the working-directory slot
 	ws      *revision.Workspace
 	fs      *fuse.FS
 	workDir string
@@ -87,14 +89,28 @@ type workState struct {
 	PID     int    `json:"pid"`
 }
 
-// Run mounts per cfg and serves until unmounted or signalled. ready is
-// called once the mount is serving (for --daemon). The returned error
-// carries the exit code.
-func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(mountpoint string)) error {
+// Hooks let the caller follow a daemon's start.
+type Hooks struct {
+	// Ready is called once the mount is serving.
+	Ready func(mountpoint string)
+	// Notify tells the user something they must know (a cleaned stale
+	// mount, resumed work); it is also logged.
+	Notify func(msg string)
+}
+
+// Run mounts per cfg and serves until unmounted or signalled. The returned
+// error carries the exit code.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	if err := cfg.Normalize(); err != nil {
 		return err
 	}
-	d := &Daemon{cfg: cfg, log: log, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting"}
+	if hooks.Ready == nil {
+		hooks.Ready = func(string) {}
+	}
+	if hooks.Notify == nil {
+		hooks.Notify = func(string) {}
+	}
+	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting"}
 	if err := d.start(ctx); err != nil {
 		d.cleanupFailedStart(ctx)
 		return err
@@ -106,9 +122,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(mountpoin
 		return err
 	}
 	defer ctl.Close()
-	if ready != nil {
-		ready(cfg.Mountpoint)
-	}
+	hooks.Ready(cfg.Mountpoint)
 	return d.loop(ctx)
 }
 
@@ -120,7 +134,7 @@ func (d *Daemon) setPhase(p string) {
 
 func (d *Daemon) start(ctx context.Context) error {
 	cfg := &d.cfg
-	if err := prepareMountpoint(cfg.Mountpoint, d.log); err != nil {
+	if err := prepareMountpoint(cfg.Mountpoint, d.notify); err != nil {
 		return err
 	}
 	if cfg.ID == "" {
@@ -137,12 +151,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.ws = ws
 	seg, _ := revision.Seg(cfg.ID)
-	base := filepath.Join(cfg.CacheDir, "workspaces", seg+"@"+mountKey(store.String()))
-	d.workDir = filepath.Join(base, "work")
-	d.state = filepath.Join(base, "state.json")
-	if err := os.MkdirAll(base, 0o700); err != nil {
+	slot, err := claimSlot(filepath.Join(cfg.CacheDir, "workspaces", seg+"@"+mountKey(store.String())))
+	if err != nil {
 		return err
 	}
+	d.slot = slot
+	d.workDir = filepath.Join(filepath.Dir(slot.Name()), "work")
+	d.state = filepath.Join(filepath.Dir(slot.Name()), "state.json")
 	d.setPhase("restoring")
 	if err := d.prepareWorkDir(ctx); err != nil {
 		return err
@@ -176,8 +191,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 		var prev workState
 		if err := json.Unmarshal(data, &prev); err == nil {
 			if _, err := os.Stat(d.workDir); err == nil {
-				d.log.Warn("resuming the unsaved working tree an earlier run left behind; it will be saved as a new revision", "workDir", d.workDir, "baseRevision", prev.BaseRev, "pid", prev.PID)
-				fmt.Fprintf(os.Stderr, "amlfs: resuming unsaved work left by an earlier run in %s\n", d.workDir)
+				d.notify("resuming unsaved work left by an earlier run (pid %d, based on revision %q) in %s; it will be saved as a new revision", prev.PID, prev.BaseRev, d.workDir)
 				d.baseRev, d.baseMark = prev.BaseRev, -1
 				return d.writeState()
 			}
@@ -222,7 +236,17 @@ func (d *Daemon) writeState() error {
 	return os.Rename(tmp, d.state)
 }
 
+// notify tells the user and logs.
+func (d *Daemon) notify(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	d.log.Warn(msg)
+	d.hooks.Notify(msg)
+}
+
 func (d *Daemon) cleanupFailedStart(ctx context.Context) {
+	if d.slot != nil {
+		d.slot.Close()
+	}
 	if d.ws != nil {
 		if err := d.ws.Close(ctx); err != nil {
 			d.log.Error("release lock", "err", err)
@@ -232,11 +256,10 @@ func (d *Daemon) cleanupFailedStart(ctx context.Context) {
 
 // prepareMountpoint creates the mountpoint if needed and cleans a dead
 // mount left by a crashed daemon.
-func prepareMountpoint(mp string, log *slog.Logger) error {
+func prepareMountpoint(mp string, notify func(string, ...any)) error {
 	_, err := os.Stat(mp)
 	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
-		log.Warn("found a dead mount (transport endpoint is not connected) at the mountpoint, left by a crashed daemon; cleaning it", "mountpoint", mp)
-		fmt.Fprintf(os.Stderr, "amlfs: cleaned a stale mount at %s (transport endpoint is not connected)\n", mp)
+		notify("cleaned a stale mount at %s (transport endpoint is not connected), left by a crashed daemon", mp)
 		if uerr := syscall.Unmount(mp, syscall.MNT_DETACH); uerr != nil {
 			return fmt.Errorf("clean stale mount at %s: %w", mp, uerr)
 		}
@@ -347,6 +370,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		os.RemoveAll(d.workDir)
 		os.Remove(d.state)
 	}
+	d.slot.Close()
 	d.setPhase("stopped")
 	d.log.Info("stopped", "exitCode", res.ExitCode)
 	return res

@@ -81,17 +81,20 @@ func mountCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			ready := func(string) {}
+			var hooks mount.Hooks
 			var readyPipe *os.File
 			if fd, err := strconv.Atoi(os.Getenv(readyFdEnv)); err == nil {
+				// A --daemon child reports to its parent through the pipe.
 				readyPipe = os.NewFile(uintptr(fd), "ready")
-				ready = func(string) { fmt.Fprintln(readyPipe, "ready"); readyPipe.Close() }
+				hooks.Ready = func(string) { fmt.Fprintln(readyPipe, "ready"); readyPipe.Close() }
+				hooks.Notify = func(msg string) { fmt.Fprintf(readyPipe, "note\t%s\n", msg) }
 			} else {
-				ready = func(mp string) {
+				hooks.Ready = func(mp string) {
 					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s); unmount with `amlfs unmount %s` or Ctrl-C\n", mp, cfg.ID, mp)
 				}
+				hooks.Notify = func(msg string) { fmt.Fprintf(c.App.ErrWriter, "amlfs: %s\n", msg) }
 			}
-			err = mount.Run(c.Context, cfg, log, ready)
+			err = mount.Run(c.Context, cfg, log, hooks)
 			if err != nil && readyPipe != nil {
 				fmt.Fprintf(readyPipe, "error\t%d\t%s\n", amlerr.ExitStatus(err), err)
 				readyPipe.Close()
@@ -147,9 +150,20 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 		return err
 	}
 	w.Close()
-	line, _ := bufio.NewReader(r).ReadString('\n')
+	br := bufio.NewReader(r)
+	var line string
+	for {
+		l, err := br.ReadString('\n')
+		line = strings.TrimRight(l, "\n")
+		if msg, ok := strings.CutPrefix(line, "note\t"); ok {
+			fmt.Fprintf(c.App.ErrWriter, "amlfs: %s\n", msg)
+			continue
+		}
+		if err != nil || line != "" {
+			break
+		}
+	}
 	r.Close()
-	line = strings.TrimSpace(line)
 	if line == "ready" {
 		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s, pid %d, log %s)\n", cfg.Mountpoint, cfg.ID, cmd.Process.Pid, logPath)
 		cmd.Process.Release()

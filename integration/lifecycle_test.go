@@ -1,0 +1,358 @@
+package integration
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/amlfs/amlfs/revision"
+)
+
+func readIndex(t *testing.T, e *env, id string) *revision.Index {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.storeD, id, "workspace.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := revision.ParseIndex(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idx
+}
+
+func TestSecondMountConflicts(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("c")
+	r := e.mountAt(filepath.Join(e.root, "other"), "c")
+	if r.code != 3 || !strings.Contains(r.stderr, "AML_WORKSPACE_CONFLICT") || !strings.Contains(r.stderr, `"c"`) {
+		t.Fatalf("second mount: %s", r)
+	}
+	// The first keeps working and saves.
+	sh(t, mp, "echo still > works.txt && cat works.txt")
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	if readIndex(t, e, "c").Current == "" {
+		t.Error("no revision")
+	}
+}
+
+func TestNoLockStaleWriterFails(t *testing.T) {
+	e := newEnv(t)
+	a := e.mount("nl", "--no-lock")
+	b := e.mountAtOK(filepath.Join(e.root, "b"), "nl", "--no-lock")
+	sh(t, a, "echo from-a > who")
+	sh(t, b, "echo from-b > who")
+	ra := e.unmount(a)
+	if ra.code != 0 {
+		t.Fatalf("first save: %s", ra)
+	}
+	rb := e.unmount(b)
+	if rb.code != 4 || !strings.Contains(rb.stderr, "previous revision is still current") {
+		t.Fatalf("stale save: %s", rb)
+	}
+	idx := readIndex(t, e, "nl")
+	if idx.Current != strings.TrimSpace(ra.stdout) || len(idx.Revisions) != 1 {
+		t.Fatalf("index changed: %+v", idx)
+	}
+	ents, _ := os.ReadDir(filepath.Join(e.storeD, "nl", "revisions"))
+	if len(ents) != 1 {
+		t.Errorf("the stale writer left %d artifacts", len(ents))
+	}
+	m := e.mount("nl")
+	if got, _ := os.ReadFile(filepath.Join(m, "who")); string(got) != "from-a\n" {
+		t.Errorf("who = %q", got)
+	}
+}
+
+func (e *env) mountAtOK(mp, id string, extra ...string) string {
+	e.t.Helper()
+	if r := e.mountAt(mp, id, extra...); r.code != 0 {
+		e.t.Fatalf("mount %s: %s", mp, r)
+	}
+	return mp
+}
+
+func TestRetentionAndRestore(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("ret", "--retention", "3")
+	var revs []string
+	for i := 1; i <= 5; i++ {
+		sh(t, mp, fmt.Sprintf("echo v%d > version", i))
+		r := e.amlfs("commit", mp)
+		if r.code != 0 {
+			t.Fatalf("commit: %s", r)
+		}
+		revs = append(revs, strings.TrimSpace(r.stdout))
+	}
+	if r := e.unmount(mp); r.code != 0 || strings.TrimSpace(r.stdout) != revs[4] {
+		t.Fatalf("unmount of an unchanged tree should keep %s: %s", revs[4], r)
+	}
+	idx := checkAMLStore(t, filepath.Join(e.storeD, "ret"))
+	if len(idx.Revisions) != 3 || idx.Current != revs[4] || idx.Revisions[1].ID != revs[3] || idx.Revisions[2].ID != revs[2] {
+		t.Fatalf("index: %+v, revs %v", idx, revs)
+	}
+	for _, gone := range revs[:2] {
+		if _, err := os.Stat(filepath.Join(e.storeD, "ret", "revisions", gone)); !os.IsNotExist(err) {
+			t.Errorf("pruned revision %s still on disk: %v", gone, err)
+		}
+	}
+	// Restore the oldest kept revision into a new current one.
+	r := e.amlfs("revisions", "restore", revs[2], "--store", e.store, "--id", "ret", "--retention", "3", "--cache-dir", e.cache)
+	if r.code != 0 {
+		t.Fatalf("restore: %s", r)
+	}
+	newRev := strings.TrimSpace(r.stdout)
+	idx = readIndex(t, e, "ret")
+	if idx.Current != newRev || len(idx.Revisions) != 3 {
+		t.Fatalf("after restore: %+v", idx)
+	}
+	mp = e.mount("ret")
+	if got, _ := os.ReadFile(filepath.Join(mp, "version")); string(got) != "v3\n" {
+		t.Errorf("restored content %q, want v3", got)
+	}
+	r = e.amlfs("revisions", "show", "current", "--store", e.store, "--id", "ret")
+	if r.code != 0 || !strings.Contains(r.stdout, "version") {
+		t.Errorf("show: %s", r)
+	}
+}
+
+func TestSignals(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			e := newEnv(t)
+			mp := filepath.Join(e.root, "mnt")
+			cmd, _ := e.foreground(mp, "sig")
+			sh(t, mp, "echo data > f")
+			// SIGUSR1 checkpoints without unmounting.
+			cmd.Process.Signal(syscall.SIGUSR1)
+			waitFor(t, func() bool {
+				_, err := os.Stat(filepath.Join(e.storeD, "sig", "workspace.json"))
+				return err == nil
+			})
+			first := readIndex(t, e, "sig").Current
+			if !isMounted(mp) {
+				t.Fatal("SIGUSR1 unmounted")
+			}
+			sh(t, mp, "echo more > g")
+			cmd.Process.Signal(sig)
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("exit after %v: %v", sig, err)
+			}
+			if isMounted(mp) {
+				t.Fatal("still mounted")
+			}
+			idx := readIndex(t, e, "sig")
+			if idx.Current == first {
+				t.Fatal("no save on signal")
+			}
+			if _, err := os.Stat(filepath.Join(e.storeD, "sig.lock")); !os.IsNotExist(err) {
+				t.Errorf("lock not released: %v", err)
+			}
+		})
+	}
+}
+
+// foreground starts `amlfs mount` in the foreground and waits until the
+// mount is ready.
+func (e *env) foreground(mp, id string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	e.t.Helper()
+	args := append([]string{"mount", mp}, e.wsArgs(id, extra...)...)
+	cmd := exec.Command(amlfsBin, args...)
+	cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		e.forceUnmount(mp)
+	})
+	waitFor(e.t, func() bool { return strings.Contains(stderr.String(), "mounted") || cmd.ProcessState != nil })
+	return cmd, &stderr
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for i := 0; i < 300; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("timed out waiting")
+}
+
+func TestSaveFailureKeepsPreviousRevision(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("sf")
+	sh(t, mp, "echo one > a")
+	first := strings.TrimSpace(e.unmount(mp).stdout)
+	mp = e.mount("sf")
+	sh(t, mp, "echo two > a && ln -s a link")
+	r := e.unmount(mp)
+	if r.code != 4 || !strings.Contains(r.stderr, "UNSUPPORTED_ENTRY") || !strings.Contains(r.stderr, "link") {
+		t.Fatalf("save with a symlink: %s", r)
+	}
+	if readIndex(t, e, "sf").Current != first {
+		t.Fatal("current changed")
+	}
+	// The unsaved tree is kept and resumed by the next mount.
+	mp = e.mount("sf")
+	if got, _ := os.ReadFile(filepath.Join(mp, "a")); string(got) != "two\n" {
+		t.Errorf("resumed a = %q", got)
+	}
+	sh(t, mp, "rm link")
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}
+
+func TestStaleMountAfterCrash(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("crash")
+	sh(t, mp, "echo unsaved > u && sync")
+	st := e.amlfs("status", mp, "--json")
+	pid := jsonInt(t, st.stdout, "pid")
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitFor(t, func() bool {
+		_, err := os.Stat(mp)
+		return err != nil
+	})
+	if _, err := os.Stat(mp); !strings.Contains(fmt.Sprint(err), "not connected") {
+		t.Fatalf("expected a dead mount, got %v", err)
+	}
+	// The dead process's lock is fresh, so a locked mount conflicts; the
+	// dead mount is cleaned and the unsaved tree resumed either way.
+	r := e.mountAt(mp, "crash", "--no-lock")
+	if r.code != 0 || !strings.Contains(r.stderr+r.stdout, "stale mount") {
+		t.Fatalf("remount: %s", r)
+	}
+	if got, _ := os.ReadFile(filepath.Join(mp, "u")); string(got) != "unsaved\n" {
+		t.Errorf("unsaved file after crash: %q", got)
+	}
+}
+
+func jsonInt(t *testing.T, s, key string) int {
+	t.Helper()
+	i := strings.Index(s, `"`+key+`": `)
+	if i < 0 {
+		t.Fatalf("no %s in %s", key, s)
+	}
+	rest := s[i+len(key)+4:]
+	j := strings.IndexAny(rest, ",\n}")
+	n, err := strconv.Atoi(strings.TrimSpace(rest[:j]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestBadStoreInput(t *testing.T) {
+	tgz := func(hdrs ...*tar.Header) []byte {
+		var buf bytes.Buffer
+		gz := gzip.NewWriter(&buf)
+		tw := tar.NewWriter(gz)
+		for _, h := range hdrs {
+			tw.WriteHeader(h)
+			if h.Size > 0 && h.Size < 1<<20 {
+				tw.Write(make([]byte, h.Size))
+			}
+		}
+		tw.Close()
+		gz.Close()
+		return buf.Bytes()
+	}
+	const ts = "2026-12-02T18:00:00.000Z"
+	idxFor := func(id, format string) string {
+		return fmt.Sprintf(`{"current":"%s","revisions":[{"createdAt":"%s","format":"%s","id":"%s","path":"%s"}],"version":1}`, id, ts, format, id, revision.RevisionPath(id, format))
+	}
+	cases := []struct {
+		name  string
+		files map[string][]byte
+		want  string
+	}{
+		{"malformed index", map[string][]byte{"workspace.json": []byte(`{"current": "r1", "revisions": [`)}, "malformed JSON"},
+		{"missing revision", map[string][]byte{"workspace.json": []byte(idxFor("r1", "folder"))}, "missing"},
+		{"manifest traversal", map[string][]byte{
+			"workspace.json":            []byte(idxFor("r1", "folder")),
+			"revisions/r1/manifest.json": []byte(`{"entries":[{"mode":420,"path":"../x","size":1,"type":"file"}],"version":1}`),
+			"revisions/r1/files/x":       []byte("x"),
+		}, "../x"},
+		{"tar absolute path", map[string][]byte{
+			"workspace.json":       []byte(idxFor("r1", "archive")),
+			"revisions/r1.tar.gz": tgz(&tar.Header{Name: "/etc/evil", Typeflag: tar.TypeReg, Size: 4, Mode: 0o644}),
+		}, "absolute"},
+		{"tar bomb", map[string][]byte{
+			"workspace.json":       []byte(idxFor("r1", "archive")),
+			"revisions/r1.tar.gz": tgzBomb(t),
+		}, "LIMIT_EXCEEDED"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			root := filepath.Join(e.storeD, "bad")
+			for name, data := range tc.files {
+				p := filepath.Join(root, name)
+				os.MkdirAll(filepath.Dir(p), 0o755)
+				if err := os.WriteFile(p, data, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := treeDigest(t, e.storeD, nil)
+			mp := filepath.Join(e.root, "mnt")
+			r := e.mountAt(mp, "bad")
+			if r.code == 0 {
+				t.Fatalf("bad store mounted: %s", r)
+			}
+			if !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "INVALID_STORE") && !strings.Contains(r.stderr, "LIMIT_EXCEEDED") {
+				t.Errorf("error does not explain itself: %s", r)
+			}
+			if isMounted(mp) {
+				t.Error("mounted anyway")
+			}
+			after := treeDigest(t, e.storeD, nil)
+			if d := diffDigests(before, after); len(d) > 0 {
+				t.Errorf("store changed: %v", d)
+			}
+			if ents, _ := os.ReadDir(filepath.Join(e.cache, "workspaces")); len(ents) > 0 {
+				sub, _ := os.ReadDir(filepath.Join(e.cache, "workspaces", ents[0].Name()))
+				for _, s := range sub {
+					if s.Name() == "work" || strings.HasSuffix(s.Name(), ".restoring") {
+						t.Errorf("a partial working tree was left: %s", s.Name())
+					}
+				}
+			}
+		})
+	}
+}
+
+// tgzBomb is a small archive that claims 2 GiB of zeros.
+func tgzBomb(t *testing.T) []byte {
+	var buf bytes.Buffer
+	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	tw := tar.NewWriter(gz)
+	hdr := &tar.Header{Name: "./zeros", Typeflag: tar.TypeReg, Size: 2 << 30, Mode: 0o644}
+	if err := tw.WriteHeader(hdr); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 1<<20)
+	for i := 0; i < 2<<10; i++ {
+		tw.Write(zero)
+	}
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
