@@ -156,3 +156,12 @@ func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	defer n.mutate()()
 	return n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
 }
+
+var _ = (gofs.NodeFlusher)((*node)(nil))
+
+// Flush answers ENOSYS, after which the kernel stops sending FLUSH on every
+// close: the backing file needs none (it is a local file, and POSIX locks
+// are kept as open-file-description locks released on RELEASE).
+func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
+	return syscall.ENOSYS
+}

@@ -287,16 +287,16 @@ func TestBadStoreInput(t *testing.T) {
 		{"malformed index", map[string][]byte{"workspace.json": []byte(`{"current": "r1", "revisions": [`)}, "malformed JSON"},
 		{"missing revision", map[string][]byte{"workspace.json": []byte(idxFor("r1", "folder"))}, "missing"},
 		{"manifest traversal", map[string][]byte{
-			"workspace.json":            []byte(idxFor("r1", "folder")),
+			"workspace.json":             []byte(idxFor("r1", "folder")),
 			"revisions/r1/manifest.json": []byte(`{"entries":[{"mode":420,"path":"../x","size":1,"type":"file"}],"version":1}`),
 			"revisions/r1/files/x":       []byte("x"),
 		}, "../x"},
 		{"tar absolute path", map[string][]byte{
-			"workspace.json":       []byte(idxFor("r1", "archive")),
+			"workspace.json":      []byte(idxFor("r1", "archive")),
 			"revisions/r1.tar.gz": tgz(&tar.Header{Name: "/etc/evil", Typeflag: tar.TypeReg, Size: 4, Mode: 0o644}),
 		}, "absolute"},
 		{"tar bomb", map[string][]byte{
-			"workspace.json":       []byte(idxFor("r1", "archive")),
+			"workspace.json":      []byte(idxFor("r1", "archive")),
 			"revisions/r1.tar.gz": tgzBomb(t),
 		}, "LIMIT_EXCEEDED"},
 	}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# fsbench.sh: the same workload on a native directory, the go-fuse loopback
+# example and an amlfs workspace mount, side by side in one run, reported
+# as ratios to native. Needs root (FUSE, drop_caches).
+#
+#   bash bench/fsbench.sh [SIZE_MIB]      (default 1024)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE_MIB=${1:-1024}
+WORK=${BENCH_DIR:-/var/tmp/amlfs-bench}
+GOSRC=${GOSRC:-$(go env GOROOT)/src}
+
+rm -rf "$WORK"; mkdir -p "$WORK"/{native,lb-backing,lb,am,bin,store,cache,run}
+export AMLFS_RUNTIME_DIR="$WORK/run"
+go build -o "$WORK/bin/amlfs" ./cmd/amlfs
+GOBIN="$WORK/bin" go install github.com/hanwen/go-fuse/v2/example/loopback@v2.12.1
+tar -C "$(dirname "$GOSRC")" -cf "$WORK/src.tar" "$(basename "$GOSRC")"
+NFILES=$(tar -tf "$WORK/src.tar" | wc -l)
+
+cleanup() {
+  "$WORK/bin/amlfs" unmount --no-save "$WORK/am" >/dev/null 2>&1 || true
+  umount "$WORK/lb" 2>/dev/null || true
+  kill "${LBPID:-0}" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+"$WORK/bin/loopback" "$WORK/lb" "$WORK/lb-backing" >/dev/null 2>&1 &
+LBPID=$!
+"$WORK/bin/amlfs" mount --daemon "$WORK/am" --store "file://$WORK/store" --id bench --cache-dir "$WORK/cache" --save never >/dev/null
+for i in $(seq 50); do mountpoint -q "$WORK/lb" && break; sleep 0.1; done
+
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# t NAME CMD...: run CMD, print seconds
+t() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N); echo "$e - $s" | bc -l; }
+
+declare -A R
+STEPS="write read-cold read-warm untar find ls-lR grep-r rm-rf"
+for target in native lb am; do
+  d="$WORK/$target"
+  drop
+  R[$target,write]=$(t dd if=/dev/zero of="$d/big" bs=1M count="$SIZE_MIB" conv=fsync)
+  drop
+  R[$target,read-cold]=$(t dd if="$d/big" of=/dev/null bs=1M)
+  R[$target,read-warm]=$(t dd if="$d/big" of=/dev/null bs=1M)
+  rm -f "$d/big"
+  drop
+  R[$target,untar]=$(t tar -C "$d" -xf "$WORK/src.tar")
+  drop
+  R[$target,find]=$(t find "$d" -name '*.go')
+  R[$target,ls-lR]=$(t ls -lR "$d")
+  R[$target,grep-r]=$(t grep -r -l 'func main' "$d")
+  R[$target,rm-rf]=$(t rm -rf "$d/src")
+done
+
+printf '\nfsbench: %d MiB sequential, %d-entry source tree (%s), kernel %s\n\n' "$SIZE_MIB" "$NFILES" "$GOSRC" "$(uname -r)"
+printf '| step | native s | loopback s | amlfs s | loopback / native | amlfs / native |\n|---|---|---|---|---|---|\n'
+for s in $STEPS; do
+  n=${R[native,$s]}; l=${R[lb,$s]}; a=${R[am,$s]}
+  printf '| %s | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n' "$s" "$n" "$l" "$a" "$(echo "$l / $n" | bc -l)" "$(echo "$a / $n" | bc -l)"
+done
