@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -432,5 +433,50 @@ func TestIndexValidation(t *testing.T) {
 	var v map[string]any
 	if json.Unmarshal(out, &v) != nil {
 		t.Error("invalid json")
+	}
+}
+
+// An archive written by another tar (GNU tar here; AML uses node-tar, also
+// rooted at ".") restores, and one amlfs writes lists cleanly with tar(1).
+func TestArchiveInteropWithTar(t *testing.T) {
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Skip("no tar")
+	}
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"a/b.txt": "bee", "top.txt": "top", "empty/": ""})
+	arch := filepath.Join(t.TempDir(), "x.tar.gz")
+	if out, err := exec.Command("tar", "-czf", arch, "-C", src, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v %s", err, out)
+	}
+	f, err := os.Open(arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dst := t.TempDir()
+	entries, err := ReadArchive(f, dst, "x", DefaultLimits, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 4 {
+		t.Errorf("entries %+v", entries)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "a", "b.txt")); string(b) != "bee" {
+		t.Errorf("a/b.txt = %q", b)
+	}
+	// And the other way: tar(1) reads what amlfs writes.
+	es, _ := Snapshot(src, Selection{})
+	var buf bytes.Buffer
+	if _, err := WriteArchive(&buf, src, es, DefaultLimits); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("tar", "-tzf", "-")
+	cmd.Stdin = &buf
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(out); got != "./\n./a/\n./empty/\n./top.txt\n./a/b.txt\n" {
+		t.Errorf("tar -t:\n%s", got)
 	}
 }
