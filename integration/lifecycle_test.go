@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -165,23 +166,41 @@ func TestSignals(t *testing.T) {
 
 // foreground starts `amlfs mount` in the foreground and waits until the
 // mount is ready.
-func (e *env) foreground(mp, id string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
+func (e *env) foreground(mp, id string, extra ...string) (*exec.Cmd, *syncBuffer) {
 	e.t.Helper()
 	args := append([]string{"mount", mp}, e.wsArgs(id, extra...)...)
 	cmd := exec.Command(amlfsBin, args...)
 	cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		cmd.Wait() // reap; an error just means the test already waited
 		e.forceUnmount(mp)
 	})
-	waitFor(e.t, func() bool { return strings.Contains(stderr.String(), "mounted") || cmd.ProcessState != nil })
-	return cmd, &stderr
+	waitFor(e.t, func() bool { return strings.Contains(stderr.String(), "mounted") })
+	return cmd, stderr
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a process writes it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func waitFor(t *testing.T, cond func() bool) {

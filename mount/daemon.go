@@ -341,7 +341,11 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	}
 	if !req.noSave && d.cfg.Save != SaveNever {
 		d.setPhase("saving")
+		// After a lazy detach, open files may still be written through
+		// FUSE: hold mutations back while the snapshot is taken.
+		thaw := d.fs.Freeze()
 		info, err := d.save(ctx, "")
+		thaw()
 		if err != nil {
 			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "err", err, "workDir", d.workDir)
 			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitStatus(err)

@@ -27,7 +27,7 @@ func (s *FSStore) conflict(detail string) error {
 }
 
 // Lock takes the lease.
-func (s *FSStore) Lock(ctx context.Context) (Lease, error) {
+func (s *FSStore) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
 	if err := os.MkdirAll(s.Base, 0o755); err != nil {
 		return nil, err
 	}
@@ -43,7 +43,7 @@ func (s *FSStore) Lock(ctx context.Context) (Lease, error) {
 	if err := syscall.Stat(lp, &st); err != nil {
 		return nil, err
 	}
-	l := &fsLease{path: lp, ino: st.Ino, mtime: st.Mtim, refresh: s.LockRefresh, onLost: s.OnLockLost, done: make(chan struct{})}
+	l := &fsLease{path: lp, ino: st.Ino, mtime: st.Mtim, refresh: s.LockRefresh, onLost: onLost, done: make(chan struct{})}
 	l.wg.Add(1)
 	go l.heartbeat()
 	return l, nil

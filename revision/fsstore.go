@@ -24,8 +24,6 @@ type FSStore struct {
 	Seg  string
 	// LockRefresh and LockStale follow AML's 5 and 20 minute policy.
 	LockRefresh, LockStale time.Duration
-	// OnLockLost is called if the heartbeat finds the lease gone.
-	OnLockLost func(error)
 }
 
 // NewFSStore returns the filesystem store of workspace id under base.

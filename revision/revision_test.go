@@ -480,3 +480,37 @@ func TestArchiveInteropWithTar(t *testing.T) {
 		t.Errorf("tar -t:\n%s", got)
 	}
 }
+
+func TestLeaseHeartbeat(t *testing.T) {
+	base := t.TempDir()
+	st, _ := NewFSStore(base, "hb")
+	st.LockRefresh = 50 * time.Millisecond
+	lost := make(chan error, 1)
+	lease, err := st.Lock(context.Background(), func(err error) { lost <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := filepath.Join(base, "hb.lock")
+	old := time.Now().Add(-10 * time.Minute)
+	// The heartbeat keeps moving the lock's mtime forward.
+	fi0, _ := os.Stat(lp)
+	time.Sleep(200 * time.Millisecond)
+	fi1, _ := os.Stat(lp)
+	if !fi1.ModTime().After(fi0.ModTime()) {
+		t.Errorf("heartbeat did not refresh the lock: %v -> %v", fi0.ModTime(), fi1.ModTime())
+	}
+	// Someone else touches the lock (as a takeover by another writer
+	// would): the heartbeat notices and reports.
+	os.Chtimes(lp, old, old)
+	select {
+	case err := <-lost:
+		if !amlerr.Has(err, amlerr.LockLost) {
+			t.Errorf("lost with %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("heartbeat did not notice the lost lease")
+	}
+	if err := lease.Release(context.Background()); !amlerr.Has(err, amlerr.LockLost) {
+		t.Errorf("release after loss: %v", err)
+	}
+}

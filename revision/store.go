@@ -35,8 +35,9 @@ type Store interface {
 	// leftovers, so that orphans can be found and removed.
 	Artifacts(ctx context.Context) ([]string, error)
 	// Lock takes the single-writer lease for the workspace, or fails with
-	// AML_WORKSPACE_CONFLICT.
-	Lock(ctx context.Context) (Lease, error)
+	// AML_WORKSPACE_CONFLICT. onLost, if not nil, is called once if the
+	// heartbeat finds the lease gone.
+	Lock(ctx context.Context, onLost func(error)) (Lease, error)
 	// Destroy removes the workspace root and everything under it.
 	Destroy(ctx context.Context) error
 }

@@ -61,7 +61,9 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 	}
 	w := &Workspace{store: store, opts: opts, log: opts.Log}
 	if !opts.NoLock {
-		lease, err := store.Lock(ctx)
+		lease, err := store.Lock(ctx, func(err error) {
+			opts.Log.Error("workspace lease lost; the next save or release will fail", "id", opts.ID, "err", err)
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -43,7 +43,7 @@ func usageError(c *cli.Context, err error, isSubcommand bool) error {
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:            "amlfs",
 		Usage:           "a durable, revision-backed working directory for agent sandboxes, through FUSE",
 		Writer:          stdout,
@@ -63,6 +63,15 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		},
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
+	var setUsage func([]*cli.Command)
+	setUsage = func(cmds []*cli.Command) {
+		for _, c := range cmds {
+			c.OnUsageError = usageError
+			setUsage(c.Subcommands)
+		}
+	}
+	setUsage(app.Commands)
+	return app
 }
 
 func logger(c *cli.Context, w io.Writer) (*slog.Logger, error) {
