@@ -48,6 +48,7 @@ type FS struct {
 	// side while it snapshots, so it sees a tree no FUSE call is changing.
 	barrier sync.RWMutex
 	changes atomic.Int64 // mutations served since mount
+	timeout time.Duration
 }
 
 // DefaultTimeout is the kernel entry/attr cache time.
@@ -65,23 +66,28 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint}
+	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout}
 	ln := lroot.(*gofs.LoopbackNode)
 	f.root = &node{LoopbackNode: ln, fs: f}
 	ln.RootData.RootNode = f.root
 
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
-		FsName:               opts.FsName,
-		Name:                 "amlfs",
-		DirectMount:          os.Geteuid() == 0,
-		EnableLocks:          true,
-		MaxWrite:             1 << 20,
-		MaxReadAhead:         1 << 20,
-		Debug:                opts.Debug,
-		Logger:               log.New(slogWriter{opts.Log}, "", 0),
-		DisableXAttrs:        false,
-		MaxBackground:        64,
+		FsName:        opts.FsName,
+		Name:          "amlfs",
+		DirectMount:   os.Geteuid() == 0,
+		EnableLocks:   true,
+		MaxWrite:      1 << 20,
+		MaxReadAhead:  1 << 20,
+		Debug:         opts.Debug,
+		Logger:        log.New(slogWriter{opts.Log}, "", 0),
+		DisableXAttrs: false,
+		MaxBackground: 64,
+		// With KILLPRIV_V2 the kernel stops asking for
+		// security.capability before every write and refreshing
+		// attributes before every chown; amlfs clears setuid/setgid on
+		// the FATTR_KILL_SUIDGID the kernel sends instead (node.go).
+		ExtraCapabilities:    fuse.CAP_HANDLE_KILLPRIV_V2,
 		EnableSymlinkCaching: true,
 	}
 	for _, o := range opts.MountOptions {

@@ -116,7 +116,17 @@ var _ = (gofs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	defer n.mutate()()
-	return n.LoopbackNode.Setattr(ctx, f, in, out)
+	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
+	if errno == 0 && in.Valid&fuse.FATTR_KILL_SUIDGID != 0 {
+		errno = n.killSuidgid(out)
+	}
+	if errno == 0 {
+		// go-fuse leaves the reply's attribute timeout at 0, which makes
+		// the kernel send a GETATTR right after every chmod, chown,
+		// truncate and utimens. The reply holds fresh attributes.
+		out.SetTimeout(n.fs.timeout)
+	}
+	return errno
 }
 
 var _ = (gofs.NodeSetxattrer)((*node)(nil))
@@ -164,4 +174,22 @@ var _ = (gofs.NodeFlusher)((*node)(nil))
 // are kept as open-file-description locks released on RELEASE).
 func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
 	return syscall.ENOSYS
+}
+
+// killSuidgid clears setuid, and setgid on group-executable files, as the
+// kernel asks with FATTR_KILL_SUIDGID when an unprivileged caller truncates
+// or chowns (amlfs takes on this duty with CAP_HANDLE_KILLPRIV_V2).
+func (n *node) killSuidgid(out *fuse.AttrOut) syscall.Errno {
+	mode := out.Mode & 07777
+	kill := uint32(syscall.S_ISUID)
+	if mode&syscall.S_IXGRP != 0 {
+		kill |= syscall.S_ISGID
+	}
+	if out.Mode&syscall.S_IFMT != syscall.S_IFREG || mode&kill == 0 {
+		return 0
+	}
+	var in fuse.SetAttrIn
+	in.Valid = fuse.FATTR_MODE
+	in.Mode = mode &^ kill
+	return n.LoopbackNode.Setattr(context.Background(), nil, &in, out)
 }

@@ -524,3 +524,30 @@ func testStatfs(t *testing.T, dir string) {
 		t.Errorf("statfs: %+v", st)
 	}
 }
+
+// An unprivileged truncate of a setuid file clears setuid, and setgid on a
+// group-executable file (amlfs handles FATTR_KILL_SUIDGID itself). Other
+// users need allow_other and a path they can traverse.
+func TestUnprivilegedTruncateKillsSuid(t *testing.T) {
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+	e := newEnv(t)
+	for d := e.root; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	dir := e.mount("suid", "-o", "allow_other")
+	must(t, os.Chmod(dir, 0o777))
+	p := filepath.Join(dir, "suid")
+	must(t, os.WriteFile(p, []byte("#!/bin/sh\n"), 0o644))
+	must(t, syscall.Chmod(p, 0o6777))
+	out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "truncate", "-s", "0", p).CombinedOutput()
+	if err != nil {
+		t.Fatalf("truncate as nobody: %v %s", err, out)
+	}
+	var st syscall.Stat_t
+	must(t, syscall.Stat(p, &st))
+	if st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 || st.Size != 0 {
+		t.Errorf("mode %o size %d after unprivileged truncate; setuid/setgid should be cleared", st.Mode&07777, st.Size)
+	}
+}
