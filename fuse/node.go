@@ -39,6 +39,17 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// With passthrough the kernel writes to the backing file
 		// directly, so an open for writing counts as a change.
 		defer n.mutate()()
+		// Those writes run with the daemon's credentials, which would
+		// keep setuid/setgid where a write by an unprivileged caller
+		// must clear them: clear them at such an open instead.
+		if caller, ok := fuse.FromContext(ctx); ok && caller.Uid != 0 {
+			var out fuse.AttrOut
+			if errno := n.LoopbackNode.Getattr(ctx, nil, &out); errno == 0 {
+				if errno := n.killSuidgid(&out); errno != 0 {
+					return nil, 0, errno
+				}
+			}
+		}
 	}
 	return n.LoopbackNode.Open(ctx, flags)
 }
@@ -178,7 +189,8 @@ func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
 
 // killSuidgid clears setuid, and setgid on group-executable files, as the
 // kernel asks with FATTR_KILL_SUIDGID when an unprivileged caller truncates
-// or chowns (amlfs takes on this duty with CAP_HANDLE_KILLPRIV_V2).
+// or chowns, and as a write by one must (amlfs takes on this duty with
+// CAP_HANDLE_KILLPRIV_V2).
 func (n *node) killSuidgid(out *fuse.AttrOut) syscall.Errno {
 	mode := out.Mode & 07777
 	kill := uint32(syscall.S_ISUID)

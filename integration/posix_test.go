@@ -550,4 +550,21 @@ func TestUnprivilegedTruncateKillsSuid(t *testing.T) {
 	if st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 || st.Size != 0 {
 		t.Errorf("mode %o size %d after unprivileged truncate; setuid/setgid should be cleared", st.Mode&07777, st.Size)
 	}
+	// The same for an unprivileged append.
+	must(t, syscall.Chmod(p, 0o6777))
+	out, err = exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", "echo more >> "+p).CombinedOutput()
+	if err != nil {
+		t.Fatalf("append as nobody: %v %s", err, out)
+	}
+	must(t, syscall.Stat(p, &st))
+	if st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+		t.Errorf("mode %o after unprivileged write; setuid/setgid should be cleared", st.Mode&07777)
+	}
+	// Root keeps them (CAP_FSETID).
+	must(t, syscall.Chmod(p, 0o6777))
+	must(t, os.WriteFile(p, []byte("root"), 0o644))
+	must(t, syscall.Stat(p, &st))
+	if st.Mode&07777 != 0o6777 {
+		t.Errorf("root's write changed the mode to %o", st.Mode&07777)
+	}
 }
