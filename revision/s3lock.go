@@ -1,0 +1,197 @@
+package revision
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/google/uuid"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// The S3 lease is AML's ROOT/lock.json, {"token":"<uuid>","updatedAt":<ms>}:
+// created with If-None-Match: *, refreshed with If-Match on its ETag, stale
+// after LockStale without a refresh, taken over only with If-Match on the
+// ETag observed stale, and released by checking the token, then deleting.
+
+const lockKey = "lock.json"
+
+type lockRecord struct {
+	Token     string `json:"token"`
+	UpdatedAt int64  `json:"updatedAt"`
+}
+
+func (s *S3Store) conflict(detail string) error {
+	return amlerr.New(amlerr.WorkspaceConflict, s.ID, "workspace %q is locked by another writer (%s); wait for it, choose another --id, or pass --no-lock", s.ID, detail)
+}
+
+func (s *S3Store) putLock(ctx context.Context, rec lockRecord, ifMatch string) (string, error) {
+	data, _ := json.Marshal(rec)
+	in := &s3.PutObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(lockKey)), Body: bytes.NewReader(data),
+		ContentLength: aws.Int64(int64(len(data))), ContentType: aws.String("application/json")}
+	if ifMatch == "" {
+		in.IfNoneMatch = aws.String("*")
+	} else {
+		in.IfMatch = aws.String(ifMatch)
+	}
+	out, err := s.Client.PutObject(ctx, in)
+	if err != nil {
+		return "", s.wrap("put", *in.Key, err)
+	}
+	return aws.ToString(out.ETag), nil
+}
+
+func (s *S3Store) readLock(ctx context.Context) (lockRecord, string, error) {
+	data, etag, err := s.get(ctx, s.key(lockKey), 64<<10)
+	if err != nil {
+		return lockRecord{}, "", err
+	}
+	var rec lockRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Token == "" {
+		// An unreadable lock is held by someone we cannot identify; it is
+		// treated as fresh unless its ETag goes stale through takeover
+		// rules, which need updatedAt: refuse.
+		return lockRecord{}, etag, fmt.Errorf("malformed %s: %q", lockKey, data)
+	}
+	return rec, etag, nil
+}
+
+// Lock takes the lease.
+func (s *S3Store) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
+	rec := lockRecord{Token: uuid.NewString(), UpdatedAt: s.Now().UnixMilli()}
+	etag, err := s.putLock(ctx, rec, "")
+	if errors.Is(err, ErrPrecondition) {
+		etag, err = s.takeOver(ctx, rec)
+	}
+	if err != nil {
+		return nil, err
+	}
+	l := &s3Lease{s: s, token: rec.Token, etag: etag, onLost: onLost, done: make(chan struct{})}
+	l.wg.Add(1)
+	go l.heartbeat()
+	return l, nil
+}
+
+func (s *S3Store) takeOver(ctx context.Context, rec lockRecord) (string, error) {
+	cur, etag, err := s.readLock(ctx)
+	if errors.Is(err, ErrNotExist) {
+		// Released in between: try a fresh create once more.
+		etag, err := s.putLock(ctx, rec, "")
+		if errors.Is(err, ErrPrecondition) {
+			return "", s.conflict("another writer took the lock first")
+		}
+		return etag, err
+	}
+	if err != nil {
+		return "", s.conflict(err.Error())
+	}
+	age := s.Now().Sub(time.UnixMilli(cur.UpdatedAt))
+	if age < s.LockStale {
+		return "", s.conflict(fmt.Sprintf("%s refreshed %s ago", s.key(lockKey), age.Truncate(time.Second)))
+	}
+	etag, err = s.putLock(ctx, rec, etag)
+	if errors.Is(err, ErrPrecondition) {
+		return "", s.conflict("another writer took over the stale lock first")
+	}
+	return etag, err
+}
+
+type s3Lease struct {
+	s      *S3Store
+	token  string
+	onLost func(error)
+	done   chan struct{}
+	stop   sync.Once
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex
+	etag string // GUARDED_BY(mu)
+	lost error  // GUARDED_BY(mu)
+}
+
+func (l *s3Lease) setLost(err error) {
+	l.mu.Lock()
+	first := l.lost == nil
+	if first {
+		l.lost = err
+	}
+	l.mu.Unlock()
+	if first && l.onLost != nil {
+		l.onLost(err)
+	}
+}
+
+func (l *s3Lease) heartbeat() {
+	defer l.wg.Done()
+	t := time.NewTicker(l.s.LockRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.done:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		etag := l.etag
+		l.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		next, err := l.s.putLock(ctx, lockRecord{Token: l.token, UpdatedAt: l.s.Now().UnixMilli()}, etag)
+		cancel()
+		switch {
+		case errors.Is(err, ErrPrecondition):
+			l.setLost(amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock was taken over by another writer"))
+			return
+		case err != nil:
+			// A transient failure: keep the ETag and try again next tick;
+			// the lease only goes stale after LockStale.
+			continue
+		}
+		l.mu.Lock()
+		l.etag = next
+		l.mu.Unlock()
+	}
+}
+
+// Lost checks with the store that lock.json still holds our token.
+func (l *s3Lease) Lost() error {
+	l.mu.Lock()
+	lost := l.lost
+	l.mu.Unlock()
+	if lost != nil {
+		return lost
+	}
+	cur, _, err := l.s.readLock(context.Background())
+	if err != nil && !errors.Is(err, ErrNotExist) {
+		return fmt.Errorf("check lock: %w", err)
+	}
+	if err != nil || cur.Token != l.token {
+		err := amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock no longer holds this writer's token")
+		l.setLost(err)
+		return err
+	}
+	return nil
+}
+
+// Release deletes lock.json if it still holds our token.
+func (l *s3Lease) Release(ctx context.Context) error {
+	l.stop.Do(func() { close(l.done) })
+	l.wg.Wait()
+	if err := l.Lost(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	etag := l.etag
+	l.mu.Unlock()
+	_, err := l.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.s.Bucket, Key: aws.String(l.s.key(lockKey)), IfMatch: aws.String(etag)})
+	if err != nil && !errors.Is(l.s.wrap("", "", err), ErrNotExist) {
+		return l.s.wrap("delete", l.s.key(lockKey), err)
+	}
+	return nil
+}

@@ -1,0 +1,358 @@
+package revision
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"golang.org/x/sync/errgroup"
+
+	s3p "github.com/amlfs/amlfs/providers/s3"
+)
+
+// DefaultS3Prefix is AML's default key prefix for S3 workspaces.
+const DefaultS3Prefix = "aml/workspaces"
+
+// S3Store is the S3 store: ROOT is the key prefix PREFIX/seg(id)/.
+type S3Store struct {
+	Client *s3.Client
+	Bucket string
+	Prefix string
+	ID     string
+	Seg    string
+	// LockRefresh and LockStale follow AML's 5 and 20 minute policy.
+	LockRefresh, LockStale time.Duration
+	// Parallel bounds concurrent object uploads and copies.
+	Parallel int
+	Now      func() time.Time
+}
+
+// NewS3Store returns the S3 store of workspace id under bucket/prefix.
+func NewS3Store(client *s3.Client, bucket, prefix, id string) (*S3Store, error) {
+	seg, err := Seg(id)
+	if err != nil {
+		return nil, err
+	}
+	return &S3Store{Client: client, Bucket: bucket, Prefix: strings.Trim(prefix, "/"), ID: id, Seg: seg,
+		LockRefresh: 5 * time.Minute, LockStale: 20 * time.Minute, Parallel: 16, Now: time.Now}, nil
+}
+
+func (s *S3Store) root() string {
+	if s.Prefix == "" {
+		return s.Seg + "/"
+	}
+	return s.Prefix + "/" + s.Seg + "/"
+}
+
+func (s *S3Store) key(k string) string { return s.root() + k }
+
+func (s *S3Store) String() string {
+	return "s3://" + s.Bucket + "/" + strings.TrimSuffix(s.root(), "/")
+}
+
+func (s *S3Store) wrap(op, key string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case s3p.IsNotFound(err):
+		return fmt.Errorf("%w: s3://%s/%s", ErrNotExist, s.Bucket, key)
+	case s3p.IsPrecondition(err):
+		return fmt.Errorf("%w: s3://%s/%s", ErrPrecondition, s.Bucket, key)
+	}
+	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, err)
+}
+
+func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, string, error) {
+	out, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(key)})
+	if err != nil {
+		return nil, "", s.wrap("get", key, err)
+	}
+	defer out.Body.Close()
+	data, err := ReadAllLimited(out.Body, limit, key)
+	if err != nil {
+		return nil, "", err
+	}
+	return data, aws.ToString(out.ETag), nil
+}
+
+func (s *S3Store) ReadIndex(ctx context.Context) ([]byte, string, error) {
+	return s.get(ctx, s.key(IndexKey), MaxIndexBytes)
+}
+
+// PublishIndex writes workspace.json with If-Match on the observed ETag, or
+// If-None-Match: * when there was none.
+func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
+	in := &s3.PutObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(IndexKey)), Body: bytes.NewReader(data),
+		ContentLength: aws.Int64(int64(len(data))), ContentType: aws.String("application/json")}
+	if prev == "" {
+		in.IfNoneMatch = aws.String("*")
+	} else {
+		in.IfMatch = aws.String(prev)
+	}
+	out, err := s.Client.PutObject(ctx, in)
+	if err != nil {
+		return "", s.wrap("put", *in.Key, err)
+	}
+	return aws.ToString(out.ETag), nil
+}
+
+func (s *S3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+	out, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
+	if err != nil {
+		return nil, s.wrap("get", s.key(key), err)
+	}
+	return out.Body, nil
+}
+
+// list calls fn for every key under prefix (full keys).
+func (s *S3Store) list(ctx context.Context, prefix, delimiter string, fn func(key string, isPrefix bool) error) error {
+	in := &s3.ListObjectsV2Input{Bucket: &s.Bucket, Prefix: aws.String(prefix)}
+	if delimiter != "" {
+		in.Delimiter = aws.String(delimiter)
+	}
+	p := s3.NewListObjectsV2Paginator(s.Client, in)
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return s.wrap("list", prefix, err)
+		}
+		for _, cp := range page.CommonPrefixes {
+			if err := fn(aws.ToString(cp.Prefix), true); err != nil {
+				return err
+			}
+		}
+		for _, o := range page.Contents {
+			if err := fn(aws.ToString(o.Key), false); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// deletePrefix removes every key under prefix, 1000 at a time.
+func (s *S3Store) deletePrefix(ctx context.Context, prefix string) error {
+	var batch []types.ObjectIdentifier
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		out, err := s.Client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &s.Bucket, Delete: &types.Delete{Objects: batch, Quiet: aws.Bool(true)}})
+		batch = batch[:0]
+		if err != nil {
+			return s.wrap("delete", prefix, err)
+		}
+		if len(out.Errors) > 0 {
+			e := out.Errors[0]
+			return fmt.Errorf("delete s3://%s/%s: %s", s.Bucket, aws.ToString(e.Key), aws.ToString(e.Message))
+		}
+		return nil
+	}
+	err := s.list(ctx, prefix, "", func(key string, _ bool) error {
+		batch = append(batch, types.ObjectIdentifier{Key: aws.String(key)})
+		if len(batch) == 1000 {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+func (s *S3Store) Remove(ctx context.Context, key string) error {
+	if strings.HasSuffix(key, "/") {
+		return s.deletePrefix(ctx, s.key(key))
+	}
+	_, err := s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
+	if err != nil && !s3p.IsNotFound(err) {
+		return s.wrap("delete", s.key(key), err)
+	}
+	return nil
+}
+
+func (s *S3Store) Artifacts(ctx context.Context) ([]string, error) {
+	var keys []string
+	root := s.root()
+	err := s.list(ctx, root+"revisions/", "/", func(key string, _ bool) error {
+		keys = append(keys, strings.TrimPrefix(key, root))
+		return nil
+	})
+	return keys, err
+}
+
+func (s *S3Store) Destroy(ctx context.Context) error {
+	return s.deletePrefix(ctx, s.root())
+}
+
+func (s *S3Store) Stage(ctx context.Context, key string) (Stager, error) {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, s.Parallel))
+	return &s3Stager{s: s, key: key, folder: strings.HasSuffix(key, "/"), g: g, gctx: gctx}, nil
+}
+
+// s3Stager writes an artifact's objects straight to their final keys, each
+// with If-None-Match: *, so that no write ever replaces an existing object.
+// A folder's manifest.json is written last, at Commit, once every file
+// object is in place: a folder revision without its manifest is incomplete
+// and the index never names it before publication.
+type s3Stager struct {
+	s      *S3Store
+	key    string
+	folder bool
+	g      *errgroup.Group
+	gctx   context.Context
+
+	mu      sync.Mutex
+	written []string // GUARDED_BY(mu): object keys written, for Abort
+	pending []byte   // the manifest, written at Commit
+}
+
+func (st *s3Stager) objectKey(name string) (string, error) {
+	if !st.folder {
+		if name != "" {
+			return "", fmt.Errorf("archive artifact has a single object, not %q", name)
+		}
+		return st.s.key(st.key), nil
+	}
+	if err := ValidPath(name); err != nil {
+		return "", err
+	}
+	return st.s.key(st.key + name), nil
+}
+
+func (st *s3Stager) record(key string) {
+	st.mu.Lock()
+	st.written = append(st.written, key)
+	st.mu.Unlock()
+}
+
+// Put uploads one object. Files from disk upload in the background (up to
+// Parallel at once); errors surface at Commit.
+func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int64) error {
+	key, err := st.objectKey(name)
+	if err != nil {
+		return err
+	}
+	if st.folder && name == "manifest.json" {
+		data, err := ReadAllLimited(r, MaxManifestBytes, name)
+		if err != nil {
+			return err
+		}
+		st.pending = data
+		return nil
+	}
+	if f, ok := r.(*os.File); ok && size >= 0 {
+		// Reopen so the caller may close its file when Put returns.
+		g, err := os.Open(f.Name())
+		if err != nil {
+			return err
+		}
+		st.g.Go(func() error {
+			defer g.Close()
+			return st.put(st.gctx, key, g, size)
+		})
+		return nil
+	}
+	if size < 0 {
+		// An unknown length (a streamed archive): spool to a temp file so
+		// the upload is a single conditional PUT with a known length.
+		tmp, err := os.CreateTemp("", "amlfs-upload-*")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		defer tmp.Close()
+		if size, err = io.Copy(tmp, r); err != nil {
+			return err
+		}
+		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		return st.put(ctx, key, tmp, size)
+	}
+	data, err := ReadAllLimited(r, size, name)
+	if err != nil {
+		return err
+	}
+	return st.put(ctx, key, bytes.NewReader(data), size)
+}
+
+func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	_, err := st.s.Client.PutObject(ctx, &s3.PutObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key), Body: body,
+		ContentLength: aws.Int64(size), IfNoneMatch: aws.String("*")})
+	if err != nil {
+		if s3p.IsPrecondition(err) {
+			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
+		}
+		return st.s.wrap("put", key, err)
+	}
+	st.record(key)
+	return nil
+}
+
+// Reuse copies an object of an earlier revision server-side.
+func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string) error {
+	key, err := st.objectKey(name)
+	if err != nil {
+		return err
+	}
+	src := st.s.Bucket + "/" + st.s.key(fromKey)
+	st.g.Go(func() error {
+		_, err := st.s.Client.CopyObject(st.gctx, &s3.CopyObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key),
+			CopySource: aws.String(escapeCopySource(src)), IfNoneMatch: aws.String("*")})
+		if err != nil {
+			if s3p.IsPrecondition(err) {
+				return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
+			}
+			return st.s.wrap("copy", key, err)
+		}
+		st.record(key)
+		return nil
+	})
+	return nil
+}
+
+// escapeCopySource URL-escapes each segment of bucket/key.
+func escapeCopySource(s string) string {
+	parts := strings.Split(s, "/")
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return strings.Join(parts, "/")
+}
+
+func (st *s3Stager) Commit(ctx context.Context) error {
+	if err := st.g.Wait(); err != nil {
+		return err
+	}
+	if st.folder {
+		if st.pending == nil {
+			return fmt.Errorf("folder artifact %s has no manifest", st.key)
+		}
+		return st.put(ctx, st.s.key(st.key+"manifest.json"), bytes.NewReader(st.pending), int64(len(st.pending)))
+	}
+	return nil
+}
+
+func (st *s3Stager) Abort(ctx context.Context) error {
+	st.g.Wait()
+	var errs []error
+	for _, k := range st.written {
+		if _, err := st.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.s.Bucket, Key: aws.String(k)}); err != nil && !s3p.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
