@@ -32,6 +32,8 @@ const (
 	UnsupportedEntry = "UNSUPPORTED_ENTRY"
 	// LockLost: the lease was lost while the daemon believed it held it.
 	LockLost = "AML_LOCK_LOST"
+	// UnsafeStore: the store ignores conditional writes.
+	UnsafeStore = "UNSAFE_STORE"
 )
 
 // Error is an error with a stable code word and the subject at fault (a path,

@@ -5,6 +5,7 @@
 package mount
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
 )
 
@@ -42,7 +44,11 @@ type Config struct {
 	FuseOptions []string
 	// Timeout is the kernel entry/attr cache time (0: the default).
 	Timeout time.Duration
-	Debug   bool
+	S3      S3Options
+	// UnsafeNoConditionalWrites lets a mount lock and publish to a store
+	// whose conditional writes failed the probe.
+	UnsafeNoConditionalWrites bool
+	Debug                     bool
 }
 
 func invalid(subject, format string, args ...any) error {
@@ -118,7 +124,7 @@ func (c *Config) Normalize() error {
 	if strings.HasPrefix(c.CacheDir+"/", c.Mountpoint+"/") {
 		return invalid(c.CacheDir, "--cache-dir must not be inside the mountpoint")
 	}
-	if _, err := StoreDir(c.Store); err != nil {
+	if _, err := ParseStore(c.Store); err != nil {
 		return err
 	}
 	return c.Selection().Validate()
@@ -129,34 +135,60 @@ func (c *Config) Selection() revision.Selection {
 	return revision.Selection{Include: c.Include, Exclude: c.Exclude, NoGitignore: c.NoGitignore}
 }
 
-// StoreDir parses a file:// store URL into its directory.
-func StoreDir(store string) (string, error) {
+// StoreSpec is a parsed --store URL.
+type StoreSpec struct {
+	Kind   string // "file" or "s3"
+	Dir    string // file: the store directory
+	Bucket string // s3
+	Prefix string // s3: the key prefix (AML's default aml/workspaces)
+}
+
+// ParseStore parses file:///dir or s3://bucket[/prefix].
+func ParseStore(store string) (StoreSpec, error) {
 	u, err := url.Parse(store)
 	if err != nil {
-		return "", invalid(store, "bad store URL: %v", err)
+		return StoreSpec{}, invalid(store, "bad store URL: %v", err)
 	}
 	switch u.Scheme {
 	case "file":
 		if u.Host != "" && u.Host != "localhost" {
-			return "", invalid(store, "file:// store must be local: file:///absolute/dir")
+			return StoreSpec{}, invalid(store, "file:// store must be local: file:///absolute/dir")
 		}
 		if u.Path == "" || !filepath.IsAbs(u.Path) {
-			return "", invalid(store, "file:// store needs an absolute path: file:///absolute/dir")
+			return StoreSpec{}, invalid(store, "file:// store needs an absolute path: file:///absolute/dir")
 		}
-		return filepath.Clean(u.Path), nil
+		return StoreSpec{Kind: "file", Dir: filepath.Clean(u.Path)}, nil
 	case "s3":
-		return "", invalid(store, "the S3 store is not available in this build yet; use a file:/// store")
+		su, err := s3p.ParseURL(store, revision.DefaultS3Prefix)
+		if err != nil {
+			return StoreSpec{}, invalid(store, "%v", err)
+		}
+		return StoreSpec{Kind: "s3", Bucket: su.Bucket, Prefix: su.Prefix}, nil
 	}
-	return "", invalid(store, "unsupported store scheme %q (use file:///dir)", u.Scheme)
+	return StoreSpec{}, invalid(store, "unsupported store scheme %q (use file:///dir or s3://bucket/prefix)", u.Scheme)
 }
 
+// S3Options are the S3 settings from the command line.
+type S3Options = s3p.Options
+
 // OpenStore returns the store for workspace id.
-func OpenStore(store, id string) (revision.Store, error) {
-	dir, err := StoreDir(store)
+func OpenStore(ctx context.Context, store string, s3o S3Options, id string) (revision.Store, error) {
+	spec, err := ParseStore(store)
 	if err != nil {
 		return nil, err
 	}
-	st, err := revision.NewFSStore(dir, id)
+	if spec.Kind == "s3" {
+		client, err := s3p.NewClient(ctx, s3o)
+		if err != nil {
+			return nil, err
+		}
+		st, err := revision.NewS3Store(client, spec.Bucket, spec.Prefix, id)
+		if err != nil {
+			return nil, invalid(id, "--id: %v", err)
+		}
+		return st, nil
+	}
+	st, err := revision.NewFSStore(spec.Dir, id)
 	if err != nil {
 		return nil, invalid(id, "--id: %v", err)
 	}

@@ -140,8 +140,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if cfg.ID == "" {
 		return invalid("", "--id is required here")
 	}
-	store, err := OpenStore(cfg.Store, cfg.ID)
+	store, err := OpenStore(ctx, cfg.Store, cfg.S3, cfg.ID)
 	if err != nil {
+		return err
+	}
+	if err := CheckConditionalWrites(ctx, store, cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
 		return err
 	}
 	d.setPhase("locking")
@@ -234,6 +237,28 @@ func (d *Daemon) writeState() error {
 		return err
 	}
 	return os.Rename(tmp, d.state)
+}
+
+// CheckConditionalWrites refuses a store that ignores If-None-Match or
+// If-Match: locking or publishing there could silently overwrite another
+// writer. unsafe turns the refusal into a warning.
+func CheckConditionalWrites(ctx context.Context, store revision.Store, unsafe bool, notify func(string, ...any)) error {
+	pr, ok := store.(revision.Prober)
+	if !ok {
+		return nil
+	}
+	p := pr.Probe(ctx)
+	if !p.Reachable || !p.Writable {
+		return amlerr.New(amlerr.InvalidStore, store.String(), "store is not reachable or not writable: %s", p.Error)
+	}
+	if p.Safe() {
+		return nil
+	}
+	if unsafe {
+		notify("UNSAFE: %s does not honour conditional writes (%s); publishing anyway because of --unsafe-no-conditional-writes", store, p.Error)
+		return nil
+	}
+	return amlerr.New(amlerr.UnsafeStore, store.String(), "the store does not honour conditional writes (%s), so a lock or publication there could silently overwrite another writer; use a store that does, or pass --unsafe-no-conditional-writes", p.Error)
 }
 
 // notify tells the user and logs.

@@ -60,6 +60,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			commitCommand(),
 			statusCommand(),
 			revisionsCommand(),
+			checkCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {},
 	}

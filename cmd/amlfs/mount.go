@@ -19,8 +19,8 @@ import (
 )
 
 func mountFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
 		&cli.StringFlag{Name: "id", Usage: "workspace identity (default: a new UUID, printed)"},
 		&cli.StringFlag{Name: "load", Value: "current", Usage: "current, a revision id, or none"},
 		&cli.StringFlag{Name: "format", Value: "folder", Usage: "format of saved revisions: folder or archive"},
@@ -34,7 +34,19 @@ func mountFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "o", Usage: "FUSE mount options, comma-separated (allow_other, default_permissions, ...)"},
 		&cli.DurationFlag{Name: "kernel-cache", Usage: "kernel entry/attr cache time", DefaultText: "1h"},
 		&cli.BoolFlag{Name: "fuse-debug", Usage: "log every FUSE request"},
+		&cli.BoolFlag{Name: "unsafe-no-conditional-writes", Usage: "lock and publish even if the store ignores If-None-Match/If-Match"},
+	}, s3Flags()...)
+}
+
+func s3Flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "s3-endpoint", Usage: "S3 endpoint URL (the AWS config chain and AWS_ENDPOINT_URL also apply)"},
+		&cli.BoolFlag{Name: "s3-path-style", Usage: "address buckets by path (http://host/bucket), as most S3-compatible servers want"},
 	}
+}
+
+func s3Options(c *cli.Context) mount.S3Options {
+	return mount.S3Options{Endpoint: c.String("s3-endpoint"), PathStyle: c.Bool("s3-path-style")}
 }
 
 func configFrom(c *cli.Context, mountpoint string) mount.Config {
@@ -48,6 +60,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
 		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), CacheDir: c.String("cache-dir"),
 		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
+		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
 	}
 }
 

@@ -22,23 +22,34 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func storeFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
 		&cli.StringFlag{Name: "id", Usage: "workspace identity", Required: true},
 		&cli.BoolFlag{Name: "json"},
-	}
+	}, s3Flags()...)
 }
 
 // openWorkspace opens the workspace named by --store and --id. Readers
-// take no lease.
+// take no lease; a writer (lock, or publishing unlocked) first checks that
+// the store honours conditional writes.
 func openWorkspace(c *cli.Context, lock bool, opts revision.Options) (*revision.Workspace, error) {
+	return openWorkspaceFor(c, lock, false, opts)
+}
+
+func openWorkspaceFor(c *cli.Context, lock, publish bool, opts revision.Options) (*revision.Workspace, error) {
 	storeURL := c.String("store")
 	if storeURL == "" {
 		storeURL = mount.DefaultStore()
 	}
-	st, err := mount.OpenStore(storeURL, c.String("id"))
+	st, err := mount.OpenStore(c.Context, storeURL, s3Options(c), c.String("id"))
 	if err != nil {
 		return nil, err
+	}
+	if lock || publish {
+		notify := func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, "amlfs: "+format+"\n", args...) }
+		if err := mount.CheckConditionalWrites(c.Context, st, c.Bool("unsafe-no-conditional-writes"), notify); err != nil {
+			return nil, err
+		}
 	}
 	opts.ID = c.String("id")
 	opts.NoLock = !lock
@@ -160,6 +171,7 @@ func revisionsCommand() *cli.Command {
 					&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
 					&cli.StringFlag{Name: "format", Value: "folder"},
 					&cli.BoolFlag{Name: "no-lock"},
+					&cli.BoolFlag{Name: "unsafe-no-conditional-writes"},
 					&cli.StringFlag{Name: "cache-dir", DefaultText: "$XDG_CACHE_HOME/amlfs"},
 				),
 				Action: func(c *cli.Context) error {
@@ -167,7 +179,7 @@ func revisionsCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					ws, err := openWorkspace(c, !c.Bool("no-lock"), revision.Options{Retention: c.Int("retention"), Format: c.String("format")})
+					ws, err := openWorkspaceFor(c, !c.Bool("no-lock"), true, revision.Options{Retention: c.Int("retention"), Format: c.String("format")})
 					if err != nil {
 						return err
 					}

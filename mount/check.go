@@ -1,0 +1,158 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"syscall"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision"
+)
+
+// CheckItem is one line of the preflight report.
+type CheckItem struct {
+	What   string `json:"what"`
+	Status string `json:"status"` // ok, warn or fail
+	Detail string `json:"detail"`
+}
+
+// CheckReport is the preflight's result.
+type CheckReport struct {
+	Items []CheckItem     `json:"items"`
+	Store *revision.Probe `json:"store,omitempty"`
+}
+
+// Failed reports whether any item failed.
+func (r CheckReport) Failed() bool {
+	for _, it := range r.Items {
+		if it.Status == "fail" {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *CheckReport) add(what, status, format string, args ...any) {
+	r.Items = append(r.Items, CheckItem{What: what, Status: status, Detail: fmt.Sprintf(format, args...)})
+}
+
+// Check is the preflight: configuration, the store's reachability, access
+// and conditional-write support, the mountpoint and FUSE, and settings that
+// will not survive on, or be reachable from, another host. It never
+// changes the store beyond a scratch key it removes.
+func Check(ctx context.Context, cfg Config) (CheckReport, error) {
+	var r CheckReport
+	mp := cfg.Mountpoint
+	if mp == "" {
+		cfg.Mountpoint = "/" + "nonexistent-amlfs-check" // Normalize needs one
+	}
+	if err := cfg.Normalize(); err != nil {
+		r.add("config", "fail", "%v", err)
+		return r, err
+	}
+	r.add("config", "ok", "flags and globs are valid")
+	spec, _ := ParseStore(cfg.Store)
+	if spec.Kind == "file" {
+		r.add("store locality", "warn", "%s is a local directory: it will not survive this host, and other hosts cannot reach it", cfg.Store)
+	}
+	for what, raw := range map[string]string{"--s3-endpoint": cfg.S3.Endpoint, "AWS_ENDPOINT_URL": os.Getenv("AWS_ENDPOINT_URL")} {
+		if raw != "" && isLocalURL(raw) {
+			r.add("endpoint locality", "warn", "%s %s points at this host; another host cannot reach it", what, raw)
+		}
+	}
+	id := cfg.ID
+	if id == "" {
+		id = "amlfs-check"
+	}
+	store, err := OpenStore(ctx, cfg.Store, cfg.S3, id)
+	if err != nil {
+		r.add("store", "fail", "%v", err)
+		return r, err
+	}
+	p := store.(revision.Prober).Probe(ctx)
+	r.Store = &p
+	switch {
+	case !p.Reachable:
+		r.add("store", "fail", "%s is not reachable: %s", store, p.Error)
+	case !p.Writable:
+		r.add("store", "fail", "%s is reachable but not writable: %s", store, p.Error)
+	default:
+		r.add("store", "ok", "%s is reachable and writable", store)
+		if p.IfNoneMatch && p.IfMatch {
+			r.add("conditional writes", "ok", "If-None-Match: * and If-Match are honoured")
+		} else if cfg.UnsafeNoConditionalWrites {
+			r.add("conditional writes", "warn", "NOT honoured (%s); allowed by --unsafe-no-conditional-writes", p.Error)
+		} else {
+			r.add("conditional writes", "fail", "NOT honoured (%s): mount will refuse to lock or publish here", p.Error)
+		}
+	}
+	if cfg.ID != "" {
+		checkIndex(ctx, &r, store)
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		r.add("fuse", "fail", "/dev/fuse: %v (a container needs --device /dev/fuse and CAP_SYS_ADMIN)", err)
+	} else {
+		r.add("fuse", "ok", "/dev/fuse is present")
+	}
+	if mp != "" {
+		_, err := os.Stat(cfg.Mountpoint)
+		switch {
+		case errors.Is(err, syscall.ENOTCONN):
+			r.add("mountpoint", "warn", "%s is a dead mount; mount will clean it", cfg.Mountpoint)
+		case errors.Is(err, os.ErrNotExist):
+			r.add("mountpoint", "ok", "%s does not exist; mount will create it", cfg.Mountpoint)
+		case err != nil:
+			r.add("mountpoint", "fail", "%v", err)
+		default:
+			if m, _ := isMountpoint(cfg.Mountpoint); m {
+				r.add("mountpoint", "fail", "%s is already a mount point", cfg.Mountpoint)
+			} else {
+				r.add("mountpoint", "ok", "%s is free", cfg.Mountpoint)
+			}
+		}
+	}
+	if r.Failed() {
+		for _, it := range r.Items {
+			if it.Status == "fail" && it.What == "conditional writes" {
+				return r, amlerr.New(amlerr.UnsafeStore, store.String(), "%s", it.Detail)
+			}
+		}
+		return r, errors.New("preflight found problems")
+	}
+	return r, nil
+}
+
+// checkIndex reports whether the workspace's index loads.
+func checkIndex(ctx context.Context, r *CheckReport, store revision.Store) {
+	data, _, err := store.ReadIndex(ctx)
+	switch {
+	case errors.Is(err, revision.ErrNotExist):
+		r.add("workspace", "ok", "no index yet: a new workspace")
+	case err != nil:
+		r.add("workspace", "fail", "read index: %v", err)
+	default:
+		idx, err := revision.ParseIndex(data)
+		if err != nil {
+			r.add("workspace", "fail", "%v", err)
+			return
+		}
+		r.add("workspace", "ok", "current revision %s, %d revisions", idx.Current, len(idx.Revisions))
+	}
+}
+
+func isLocalURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
