@@ -52,18 +52,23 @@ func TestMain(m *testing.M) {
 
 // env is one test's store, cache and runtime dirs.
 type env struct {
-	t       *testing.T
-	root    string
-	storeD  string
-	store   string
-	cache   string
-	runtime string
+	t         *testing.T
+	kind      string // "file" or "s3"
+	root      string
+	storeD    string // where the store's objects can be read as files
+	store     string
+	storeArgs []string // extra flags naming the store (S3 endpoint)
+	extraEnv  []string
+	s3        *s3Server
+	prefix    string // S3 key prefix of the store
+	cache     string
+	runtime   string
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	root := t.TempDir()
-	e := &env{t: t, root: root, storeD: filepath.Join(root, "store"), cache: filepath.Join(root, "cache"), runtime: filepath.Join(root, "run")}
+	e := &env{t: t, kind: "file", root: root, storeD: filepath.Join(root, "store"), cache: filepath.Join(root, "cache"), runtime: filepath.Join(root, "run")}
 	e.store = "file://" + e.storeD
 	return e
 }
@@ -84,7 +89,7 @@ func (e *env) amlfs(args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, amlfsBin, args...)
-	cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+	cmd.Env = append(append(os.Environ(), e.extraEnv...), "AMLFS_RUNTIME_DIR="+e.runtime)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -99,7 +104,18 @@ func (e *env) amlfs(args ...string) result {
 }
 
 func (e *env) wsArgs(id string, extra ...string) []string {
-	return append([]string{"--store", e.store, "--id", id, "--cache-dir", e.cache}, extra...)
+	args := append([]string{"--store", e.store, "--id", id, "--cache-dir", e.cache}, e.storeArgs...)
+	return append(args, extra...)
+}
+
+// storeFlags names workspace id's store, for the revisions commands.
+func (e *env) storeFlags(id string) []string {
+	return append([]string{"--store", e.store, "--id", id}, e.storeArgs...)
+}
+
+func isEmptyDir(p string) bool {
+	ents, err := os.ReadDir(p)
+	return err == nil && len(ents) == 0
 }
 
 // mount mounts workspace id with --daemon and registers cleanup.

@@ -75,7 +75,9 @@ func checkAMLStore(t *testing.T, root string) *revision.Index {
 	return idx
 }
 
-func TestRoundTrip(t *testing.T) {
+func TestRoundTrip(t *testing.T) { forEachStore(t, testRoundTrip) }
+
+func testRoundTrip(t *testing.T, newEnv func(*testing.T) *env) {
 	for _, format := range []string{"folder", "archive"} {
 		t.Run(format, func(t *testing.T) {
 			e := newEnv(t)
@@ -110,8 +112,8 @@ head -c $BIG /dev/urandom > big.bin
 				}
 			}
 			// The lock is released.
-			if _, err := os.Stat(filepath.Join(e.storeD, "rt.lock")); !os.IsNotExist(err) {
-				t.Errorf("lock left behind: %v", err)
+			if e.lockExists("rt") {
+				t.Error("lock left behind")
 			}
 			mp2 := e.mount("rt")
 			got := treeDigest(t, mp2, nil)
@@ -121,7 +123,7 @@ head -c $BIG /dev/urandom > big.bin
 			if _, err := os.Stat(filepath.Join(mp2, "build")); !os.IsNotExist(err) {
 				t.Errorf("build/ came back: %v", err)
 			}
-			r := e.amlfs("revisions", "list", "--store", e.store, "--id", "rt", "--json")
+			r := e.amlfs(append([]string{"revisions", "list", "--json"}, e.storeFlags("rt")...)...)
 			if r.code != 0 || !strings.Contains(r.stdout, idx.Current) || !strings.Contains(r.stdout, `"bytes": `+big[:3]) {
 				t.Errorf("revisions list: %s", r)
 			}
