@@ -45,8 +45,13 @@ type SaveInfo struct {
 	At       time.Time `json:"at"`
 	Files    int       `json:"files"`
 	Bytes    int64     `json:"bytes"`
-	Seconds  float64   `json:"seconds"`
-	Skipped  bool      `json:"skipped,omitempty"`
+	// Uploaded files (and their bytes) went to the store; Reused ones were
+	// linked or copied server-side from the previous revision.
+	Uploaded      int     `json:"uploaded"`
+	UploadedBytes int64   `json:"uploadedBytes"`
+	Reused        int     `json:"reused"`
+	Seconds       float64 `json:"seconds"`
+	Skipped       bool    `json:"skipped,omitempty"`
 }
 
 // Status is what `amlfs status` reports.
@@ -435,12 +440,14 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 		return SaveInfo{}, err
 	}
 	d.baseRev, d.baseMark = res.Entry.ID, mark
-	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds()}
+	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
+		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused}
 	d.lastSave = &info
 	if err := d.writeState(); err != nil {
 		d.log.Warn("write state", "err", err)
 	}
-	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes, "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
+	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes,
+		"uploaded", res.Uploaded, "uploadedBytes", res.UploadedBytes, "reused", res.Reused, "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
 	return info, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -512,5 +513,76 @@ func TestLeaseHeartbeat(t *testing.T) {
 	}
 	if err := lease.Release(context.Background()); !amlerr.Has(err, amlerr.LockLost) {
 		t.Errorf("release after loss: %v", err)
+	}
+}
+
+func TestIncrementalSaveReusesUnchangedFiles(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	files := map[string]string{}
+	for i := 0; i < 50; i++ {
+		files[fmt.Sprintf("d%d/f%d.txt", i%5, i)] = strings.Repeat("x", i+1)
+	}
+	writeTree(t, src, files)
+	w := openWS(t, base, "inc", Options{Retention: 2})
+	first, err := w.Save(ctx, src, Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Uploaded != 50 || first.Reused != 0 {
+		t.Fatalf("first save: %+v", first)
+	}
+	// One content change, one chmod, one same-size rewrite with the old
+	// mtime put back: all three must upload; the rest is reused.
+	os.WriteFile(filepath.Join(src, "d0/f0.txt"), []byte("changed"), 0o644)
+	os.Chmod(filepath.Join(src, "d1/f1.txt"), 0o600)
+	p := filepath.Join(src, "d2/f2.txt")
+	fi, _ := os.Stat(p)
+	os.WriteFile(p, []byte("ZZZ"), 0o644)
+	os.Chtimes(p, fi.ModTime(), fi.ModTime())
+	second, err := w.Save(ctx, src, Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Uploaded != 3 || second.Reused != 47 || second.UploadedBytes != int64(len("changed")+2+3) {
+		t.Fatalf("second save: uploaded %d (%d bytes), reused %d", second.Uploaded, second.UploadedBytes, second.Reused)
+	}
+	// Both revisions restore exactly.
+	for _, tc := range []struct {
+		rev  string
+		want map[string]string
+	}{
+		{first.Entry.ID, files},
+		{second.Entry.ID, func() map[string]string {
+			m := map[string]string{}
+			for k, v := range files {
+				m[k] = v
+			}
+			m["d0/f0.txt"] = "changed"
+			m["d2/f2.txt"] = "ZZZ"
+			return m
+		}()},
+	} {
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, tc.rev, dst, Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range tc.want {
+			if got, _ := os.ReadFile(filepath.Join(dst, path)); string(got) != want {
+				t.Errorf("%s %s = %q, want %q", tc.rev, path, got, want)
+			}
+		}
+	}
+	// After a restore, an untouched tree reuses everything.
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	third, err := w.Save(ctx, dst, Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Uploaded != 0 || third.Reused != 50 {
+		t.Errorf("save of a fresh restore: %+v", third)
 	}
 }

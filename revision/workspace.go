@@ -37,6 +37,7 @@ type Workspace struct {
 
 	mu      sync.Mutex // serializes saves; guards the fields below
 	index   *Index     // GUARDED_BY(mu); nil for a new workspace
+	base    *baseTree  // GUARDED_BY(mu); the tree last restored or saved, for reuse
 	version string     // GUARDED_BY(mu); the index version observed
 	lease   Lease
 }
@@ -177,7 +178,8 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return Entry{}, err
 	}
-	if err := w.restoreInto(ctx, e, tmp, sel); err != nil {
+	restored, err := w.restoreInto(ctx, e, tmp, sel)
+	if err != nil {
 		os.RemoveAll(tmp)
 		return Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
 	}
@@ -185,43 +187,49 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 		os.RemoveAll(tmp)
 		return Entry{}, err
 	}
+	if e.Format == FormatFolder {
+		w.mu.Lock()
+		w.base = recordTree(dir, e, restored)
+		w.mu.Unlock()
+	}
 	return e, nil
 }
 
-func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection) error {
+// restoreInto materializes e into dir and returns the entries it restored.
+func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection) ([]TreeEntry, error) {
 	if e.Format == FormatArchive {
 		// Validate the whole archive before extracting anything.
 		if _, err := w.Tree(ctx, e); err != nil {
-			return err
+			return nil, err
 		}
 		r, err := w.openArtifact(ctx, e.Path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer r.Close()
-		_, err = ReadArchive(r, dir, e.Path, w.opts.Limits, sel.Takes)
-		return err
+		return ReadArchive(r, dir, e.Path, w.opts.Limits, sel.Takes)
 	}
 	m, err := w.manifest(ctx, e)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	entries := sel.Filter(m.Entries)
 	mat := materializer{root: dir}
-	for _, te := range sel.Filter(m.Entries) {
+	for _, te := range entries {
 		if err := ctx.Err(); err != nil {
-			return err
+			return nil, err
 		}
 		if te.Type == TypeDir {
 			if err := mat.add(te, nil); err != nil {
-				return err
+				return nil, err
 			}
 			continue
 		}
 		if err := w.restoreFile(ctx, &mat, e.Path+"files/"+te.Path, te); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return mat.finish()
+	return entries, mat.finish()
 }
 
 func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te TreeEntry) error {
@@ -243,11 +251,14 @@ func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key stri
 
 // SaveResult describes a published revision.
 type SaveResult struct {
-	Entry   Entry
-	Files   int
-	Bytes   int64
-	Pruned  []string
-	Elapsed time.Duration
+	Entry         Entry
+	Files         int
+	Bytes         int64
+	Uploaded      int   // files whose bytes were written to the store
+	UploadedBytes int64 // their bytes
+	Reused        int   // unchanged files linked or copied from the previous revision
+	Pruned        []string
+	Elapsed       time.Duration
 }
 
 // Save snapshots dir per sel and publishes it as a new current revision,
@@ -298,7 +309,8 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	// 3. Upload.
 	entry := Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
-	if err := w.upload(ctx, dir, entry, entries); err != nil {
+	up, err := w.upload(ctx, dir, entry, entries)
+	if err != nil {
 		if errors.Is(err, ErrExist) {
 			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
 		}
@@ -325,8 +337,13 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 		return fail(err)
 	}
 	w.index, w.version = next, ver
+	if entry.Format == FormatFolder {
+		w.base = &baseTree{dir: dir, rev: entry.ID, files: up.stamps}
+	} else {
+		w.base = nil
+	}
 	// 5. Prune, only now.
-	res := SaveResult{Entry: entry, Files: files, Bytes: total}
+	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused}
 	for _, p := range pruned {
 		if err := w.store.Remove(ctx, p.Path); err != nil {
 			w.log.Warn("prune revision", "revision", p.ID, "path", p.Path, "err", err)
@@ -339,10 +356,20 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	return res, nil
 }
 
-func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry) (err error) {
+// uploadStats is what an upload did, and the stamps of the files it saved.
+type uploadStats struct {
+	uploaded, reused int
+	uploadedBytes    int64
+	stamps           map[string]baseFile
+}
+
+// upload writes the artifact. For a folder revision, a file unchanged since
+// the base tree (same stamp) reuses the base revision's object; only the
+// rest is uploaded. Must hold w.mu.
+func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry) (up uploadStats, err error) {
 	st, err := w.store.Stage(ctx, entry.Path)
 	if err != nil {
-		return err
+		return up, err
 	}
 	defer func() {
 		if err != nil {
@@ -358,30 +385,59 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		err := st.Put(ctx, "", pr, -1)
 		pr.CloseWithError(err) // unblock the writer if Put stopped early
 		if err != nil {
-			return err
+			return up, err
 		}
-		return st.Commit(ctx)
+		for _, te := range entries {
+			if te.Type == TypeFile {
+				up.uploaded++
+				up.uploadedBytes += te.Size
+			}
+		}
+		return up, st.Commit(ctx)
 	}
+	// Reuse only from a base revision the index still holds.
+	base := w.base
+	if base != nil && (w.index == nil || !hasRevision(w.index, base.rev)) {
+		base = nil
+	}
+	up.stamps = make(map[string]baseFile, len(entries))
 	for _, te := range entries {
 		if te.Type != TypeFile {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return up, err
 		}
-		if err := putFile(ctx, st, "files/"+te.Path, filepath.Join(dir, filepath.FromSlash(te.Path)), te.Size); err != nil {
-			return err
+		name := "files/" + te.Path
+		key, stp, ok := base.reusable(dir, te.Path)
+		if ok && stp.size == uint64(te.Size) {
+			if err := st.Reuse(ctx, name, key); err != nil {
+				return up, err
+			}
+			up.reused++
+		} else {
+			if err := putFile(ctx, st, name, filepath.Join(dir, filepath.FromSlash(te.Path)), te.Size); err != nil {
+				return up, err
+			}
+			up.uploaded++
+			up.uploadedBytes += te.Size
 		}
+		up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
 	}
 	m := Manifest{Entries: entries}
 	data, err := m.Marshal()
 	if err != nil {
-		return err
+		return up, err
 	}
 	if err := st.Put(ctx, "manifest.json", bytes.NewReader(data), int64(len(data))); err != nil {
-		return err
+		return up, err
 	}
-	return st.Commit(ctx)
+	return up, st.Commit(ctx)
+}
+
+func hasRevision(idx *Index, id string) bool {
+	_, ok := idx.Find(id)
+	return ok
 }
 
 func putFile(ctx context.Context, st Stager, name, src string, size int64) error {

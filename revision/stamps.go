@@ -1,0 +1,71 @@
+package revision
+
+import (
+	"path/filepath"
+	"syscall"
+)
+
+// A stamp identifies a file's content by its stat data, as git's index
+// does: the same inode, size, mtime and ctime mean the same bytes, because
+// every write, truncate, chmod, rename or link moves ctime forward. amlfs
+// keeps, for the tree it last restored or saved, each file's stamp and the
+// store key of its bytes, so that a save can reuse an unchanged file's
+// object (a hard link, or a server-side copy) instead of uploading it.
+type stamp struct {
+	ino, size    uint64
+	mtime, ctime syscall.Timespec
+}
+
+type baseFile struct {
+	stamp stamp
+	key   string // the store key holding this file's bytes
+}
+
+// baseTree is the tree a working directory was restored from or last
+// saved as.
+type baseTree struct {
+	dir   string
+	rev   string              // the revision the keys point into
+	files map[string]baseFile // by revision path
+}
+
+func statStamp(path string) (stamp, bool) {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return stamp{}, false
+	}
+	return stamp{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim, ctime: st.Ctim}, true
+}
+
+// reusable returns the key of p's bytes in the base revision if the file
+// at dir/p is unchanged since.
+func (b *baseTree) reusable(dir, p string) (string, stamp, bool) {
+	cur, ok := statStamp(filepath.Join(dir, filepath.FromSlash(p)))
+	if !ok {
+		return "", cur, false
+	}
+	if b == nil || b.dir != dir {
+		return "", cur, false
+	}
+	f, ok := b.files[p]
+	if !ok || f.stamp != cur {
+		return "", cur, false
+	}
+	return f.key, cur, true
+}
+
+// recordTree stamps every file of entries under dir, keyed into the folder
+// revision e.
+func recordTree(dir string, e Entry, entries []TreeEntry) *baseTree {
+	revPath := e.Path
+	b := &baseTree{dir: dir, rev: e.ID, files: make(map[string]baseFile, len(entries))}
+	for _, e := range entries {
+		if e.Type != TypeFile {
+			continue
+		}
+		if st, ok := statStamp(filepath.Join(dir, filepath.FromSlash(e.Path))); ok {
+			b.files[e.Path] = baseFile{stamp: st, key: revPath + "files/" + e.Path}
+		}
+	}
+	return b
+}
