@@ -5,6 +5,7 @@
 package fuse
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -34,6 +35,16 @@ type Options struct {
 	Timeout time.Duration
 	Debug   bool
 	Log     *slog.Logger
+	// Content, if set, is asked to make a file's bytes present before the
+	// file is opened or resized (lazy restore).
+	Content Content
+}
+
+// Content makes a file's bytes present in the working directory.
+type Content interface {
+	// Ensure blocks until the file at rel (relative to the root) holds
+	// its real bytes.
+	Ensure(ctx context.Context, rel string) error
 }
 
 // FS is a mounted workspace.
@@ -49,6 +60,7 @@ type FS struct {
 	barrier sync.RWMutex
 	changes atomic.Int64 // mutations served since mount
 	timeout time.Duration
+	content Content
 }
 
 // DefaultTimeout is the kernel entry/attr cache time.
@@ -66,7 +78,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout}
+	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout, content: opts.Content}
 	ln := lroot.(*gofs.LoopbackNode)
 	f.root = &node{LoopbackNode: ln, fs: f}
 	ln.RootData.RootNode = f.root

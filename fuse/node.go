@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"context"
+	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -35,6 +36,9 @@ const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall
 var _ = (gofs.NodeOpener)((*node)(nil))
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.ensure(ctx); errno != 0 {
+		return nil, 0, errno
+	}
 	if flags&writeFlags != 0 {
 		// With passthrough the kernel writes to the backing file
 		// directly, so an open for writing counts as a change.
@@ -126,6 +130,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 var _ = (gofs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, resize := in.GetSize(); resize {
+		if errno := n.ensure(ctx); errno != 0 {
+			return errno
+		}
+	}
 	defer n.mutate()()
 	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
 	if errno == 0 && in.Valid&fuse.FATTR_KILL_SUIDGID != 0 {
@@ -140,9 +149,58 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	return errno
 }
 
+// ensure has the content provider put a lazily restored file's bytes in
+// place before anything can read or resize it.
+func (n *node) ensure(ctx context.Context) syscall.Errno {
+	if n.fs.content == nil || n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return 0
+	}
+	rel := n.Path(nil)
+	return ToErrno(n.fs.log, "fetch", rel, n.fs.content.Ensure(ctx, rel))
+}
+
+// internalXattr names amlfs's own markers in the working tree; the mount
+// neither shows nor lets anyone change them.
+func internalXattr(attr string) bool { return strings.HasPrefix(attr, "user.amlfs.") }
+
+var _ = (gofs.NodeGetxattrer)((*node)(nil))
+
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if internalXattr(attr) {
+		return 0, syscall.ENODATA
+	}
+	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+}
+
+var _ = (gofs.NodeListxattrer)((*node)(nil))
+
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	buf := make([]byte, 64<<10)
+	sz, errno := n.LoopbackNode.Listxattr(ctx, buf)
+	if errno != 0 {
+		return 0, errno
+	}
+	var out []byte
+	for _, name := range strings.Split(string(buf[:sz]), "\x00") {
+		if name != "" && !internalXattr(name) {
+			out = append(append(out, name...), 0)
+		}
+	}
+	if len(dest) == 0 {
+		return uint32(len(out)), 0
+	}
+	if len(out) > len(dest) {
+		return uint32(len(out)), syscall.ERANGE
+	}
+	return uint32(copy(dest, out)), 0
+}
+
 var _ = (gofs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if internalXattr(attr) {
+		return syscall.EPERM
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
 }
@@ -150,6 +208,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 var _ = (gofs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if internalXattr(attr) {
+		return syscall.ENODATA
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Removexattr(ctx, attr)
 }

@@ -21,6 +21,7 @@ type countingProxy struct {
 	putBytes int64 // their body bytes
 	copies   int   // CopyObject requests
 	putKeys  []string
+	fileGets int // GETs of revision file objects
 	srv      *http.Server
 	endpoint string
 }
@@ -33,6 +34,11 @@ func startCountingProxy(t *testing.T, target string) *countingProxy {
 	cp.endpoint = "http://" + addr
 	// Count PUT bodies as they stream through to the server.
 	cp.srv = &http.Server{Addr: addr, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/files/") {
+			cp.mu.Lock()
+			cp.fileGets++
+			cp.mu.Unlock()
+		}
 		if r.Method == http.MethodPut {
 			cr := &countReader{r: r.Body}
 			r.Body = cr
@@ -69,7 +75,7 @@ func (c *countReader) Close() error { return c.r.Close() }
 
 func (cp *countingProxy) reset() {
 	cp.mu.Lock()
-	cp.puts, cp.putBytes, cp.copies, cp.putKeys = 0, 0, 0, nil
+	cp.puts, cp.putBytes, cp.copies, cp.putKeys, cp.fileGets = 0, 0, 0, nil, 0
 	cp.mu.Unlock()
 }
 

@@ -384,23 +384,27 @@ func TestFcntlHelper(t *testing.T) {
 func testXattrs(t *testing.T, dir string) {
 	p := filepath.Join(dir, "x")
 	must(t, os.WriteFile(p, nil, 0o644))
-	must(t, unix.Setxattr(p, "user.amlfs.test", []byte("value"), 0))
+	must(t, unix.Setxattr(p, "user.test.key", []byte("value"), 0))
 	buf := make([]byte, 64)
-	n, err := unix.Getxattr(p, "user.amlfs.test", buf)
+	n, err := unix.Getxattr(p, "user.test.key", buf)
 	must(t, err)
 	if string(buf[:n]) != "value" {
 		t.Errorf("getxattr %q", buf[:n])
 	}
 	n, err = unix.Listxattr(p, buf)
 	must(t, err)
-	if !strings.Contains(string(buf[:n]), "user.amlfs.test") {
+	if !strings.Contains(string(buf[:n]), "user.test.key") {
 		t.Errorf("listxattr %q", buf[:n])
 	}
-	if err := unix.Setxattr(p, "user.amlfs.test", []byte("v2"), unix.XATTR_CREATE); !errors.Is(err, syscall.EEXIST) {
+	if err := unix.Setxattr(p, "user.test.key", []byte("v2"), unix.XATTR_CREATE); !errors.Is(err, syscall.EEXIST) {
 		t.Errorf("XATTR_CREATE on existing: %v", err)
 	}
-	must(t, unix.Removexattr(p, "user.amlfs.test"))
-	if _, err := unix.Getxattr(p, "user.amlfs.test", buf); !errors.Is(err, unix.ENODATA) {
+	// user.amlfs.* is amlfs's own namespace (lazy-restore markers).
+	if err := unix.Setxattr(p, "user.amlfs.mine", []byte("x"), 0); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("setxattr in amlfs's namespace: %v, want EPERM", err)
+	}
+	must(t, unix.Removexattr(p, "user.test.key"))
+	if _, err := unix.Getxattr(p, "user.test.key", buf); !errors.Is(err, unix.ENODATA) {
 		t.Errorf("after remove: %v", err)
 	}
 }

@@ -45,6 +45,10 @@ type Config struct {
 	// Timeout is the kernel entry/attr cache time (0: the default).
 	Timeout time.Duration
 	S3      S3Options
+	// Restore is "lazy" (placeholders fetched on first use) or "full".
+	Restore string
+	// Prefetch is the number of background fetches after a lazy restore.
+	Prefetch int
 	// UnsafeNoConditionalWrites lets a mount lock and publish to a store
 	// whose conditional writes failed the probe.
 	UnsafeNoConditionalWrites bool
@@ -108,6 +112,15 @@ func (c *Config) Normalize() error {
 	case SaveOnSuccess, SaveAlways, SaveNever:
 	default:
 		return invalid(c.Save, "--save must be on-success, always or never")
+	}
+	if c.Restore == "" {
+		c.Restore = "lazy"
+	}
+	if c.Restore != "lazy" && c.Restore != "full" {
+		return invalid(c.Restore, "--restore must be lazy or full")
+	}
+	if c.Prefetch < 0 {
+		return invalid(fmt.Sprint(c.Prefetch), "--prefetch must be 0 or more")
 	}
 	if c.Retention == 0 {
 		c.Retention = 1

@@ -37,6 +37,9 @@ type Daemon struct {
 	stopping  bool       // GUARDED_BY(mu)
 	stopReqs  chan stopRequest
 	startedAt time.Time
+
+	stopPrefetch func()
+	prefetchDone chan struct{}
 }
 
 // SaveInfo describes the last save.
@@ -68,6 +71,8 @@ type Status struct {
 	Changes         int64     `json:"changes"`
 	Lock            string    `json:"lock"`
 	Passthrough     bool      `json:"passthrough"`
+	PendingFiles    int       `json:"pendingFiles"` // lazily restored files not fetched yet
+	PendingBytes    int64     `json:"pendingBytes"`
 	SavePolicy      string    `json:"savePolicy"`
 	LastSave        *SaveInfo `json:"lastSave,omitempty"`
 	StartedAt       time.Time `json:"startedAt"`
@@ -128,6 +133,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	}
 	defer ctl.Close()
 	hooks.Ready(cfg.Mountpoint)
+	pctx, stopPrefetch := context.WithCancel(ctx)
+	d.stopPrefetch = stopPrefetch
+	d.prefetchDone = make(chan struct{})
+	go func() {
+		defer close(d.prefetchDone)
+		d.ws.Prefetch(pctx, cfg.Prefetch)
+		if n, _ := d.ws.Pending(); n == 0 {
+			d.log.Debug("every file's bytes are local")
+		}
+	}()
 	return d.loop(ctx)
 }
 
@@ -153,7 +168,8 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.setPhase("locking")
-	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock, Log: d.log})
+	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
+		LazyRestore: cfg.Restore == "lazy", Log: d.log})
 	if err != nil {
 		return err
 	}
@@ -173,7 +189,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.setPhase("mounting")
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws,
 	})
 	if err != nil {
 		return err
@@ -201,6 +217,11 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 			if _, err := os.Stat(d.workDir); err == nil {
 				d.notify("resuming unsaved work left by an earlier run (pid %d, based on revision %q) in %s; it will be saved as a new revision", prev.PID, prev.BaseRev, d.workDir)
 				d.baseRev, d.baseMark = prev.BaseRev, -1
+				if n, err := d.ws.ResumePending(d.workDir); err != nil {
+					return err
+				} else if n > 0 {
+					d.log.Info("the resumed tree has files whose bytes are still to be fetched", "files", n)
+				}
 				return d.writeState()
 			}
 		}
@@ -362,6 +383,8 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	d.stopping = true
 	d.mu.Unlock()
 	d.log.Info("stopping", "reason", req.reason, "save", d.cfg.Save, "noSave", req.noSave)
+	d.stopPrefetch()
+	<-d.prefetchDone
 	d.setPhase("unmounting")
 	var res StopResult
 	if unmount {
@@ -461,6 +484,7 @@ func (d *Daemon) Status() Status {
 		Passthrough: d.fs.Passthrough(), SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
 	}
 	st.Dirty = d.baseMark == -1 || st.Changes != d.baseMark
+	st.PendingFiles, st.PendingBytes = d.ws.Pending()
 	if idx := d.ws.Index(); idx != nil {
 		st.CurrentRevision = idx.Current
 	}

@@ -11,8 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
@@ -584,5 +587,82 @@ func TestIncrementalSaveReusesUnchangedFiles(t *testing.T) {
 	}
 	if third.Uploaded != 0 || third.Reused != 50 {
 		t.Errorf("save of a fresh restore: %+v", third)
+	}
+}
+
+func TestLazyRestore(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000), "empty/": ""})
+	os.Chmod(filepath.Join(src, "a/two.txt"), 0o640)
+	w := openWS(t, base, "lazy", Options{LazyRestore: true, Retention: 5})
+	if _, err := w.Save(ctx, src, Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	// The tree, sizes and modes are there at once; the bytes are not.
+	if n, b := w.Pending(); n != 3 || b != 3+11+5000 {
+		t.Fatalf("pending %d files, %d bytes", n, b)
+	}
+	fi, err := os.Stat(filepath.Join(dst, "a/two.txt"))
+	if err != nil || fi.Size() != 11 || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("placeholder stat: %v %v", fi, err)
+	}
+	if raw, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(raw) == "second file" {
+		t.Fatal("bytes fetched eagerly")
+	}
+	// Ensure fetches, exactly once, and keeps the inode.
+	var before, after syscall.Stat_t
+	syscall.Stat(filepath.Join(dst, "a/two.txt"), &before)
+	if err := w.Ensure(ctx, "a/two.txt"); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Stat(filepath.Join(dst, "a/two.txt"), &after)
+	if got, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(got) != "second file" || before.Ino != after.Ino {
+		t.Fatalf("after Ensure: %q, inode %d -> %d", got, before.Ino, after.Ino)
+	}
+	if n, _ := w.Pending(); n != 2 {
+		t.Errorf("pending after one fetch: %d", n)
+	}
+	// A chmod'd placeholder must be saved with its real bytes, not zeros;
+	// an untouched one is reused without fetching.
+	os.Chmod(filepath.Join(dst, "b/three.bin"), 0o600)
+	res, err := w.Save(ctx, dst, Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Uploaded != 1 || res.Reused != 2 {
+		t.Errorf("save over placeholders: uploaded %d reused %d", res.Uploaded, res.Reused)
+	}
+	if n, _ := w.Pending(); n != 1 {
+		t.Errorf("pending after save: %d (a/one.txt should still be lazy)", n)
+	}
+	// "Crash": a fresh workspace finds the remaining placeholder by xattr.
+	w2 := openWS(t, base, "lazy2", Options{NoLock: true})
+	if n, err := w2.ResumePending(dst); err != nil || n != 1 {
+		t.Fatalf("resume: %d %v", n, err)
+	}
+	w.Prefetch(ctx, 2)
+	if n, _ := w.Pending(); n != 0 {
+		t.Errorf("pending after prefetch: %d", n)
+	}
+	check := filepath.Join(t.TempDir(), "c")
+	w3 := openWS(t, base, "lazy", Options{NoLock: true})
+	if _, err := w3.Restore(ctx, "current", check, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000)} {
+		for _, d := range []string{dst, check} {
+			if got, _ := os.ReadFile(filepath.Join(d, p)); string(got) != want {
+				t.Errorf("%s in %s: %d bytes, want %d", p, d, len(got), len(want))
+			}
+		}
+	}
+	buf := make([]byte, 100)
+	if _, err := unix.Getxattr(filepath.Join(dst, "a/one.txt"), PendingXattr, buf); err == nil {
+		t.Error("marker left after fetch")
 	}
 }

@@ -2,6 +2,7 @@ package revision
 
 import (
 	"path/filepath"
+	"sync"
 	"syscall"
 )
 
@@ -25,8 +26,20 @@ type baseFile struct {
 // saved as.
 type baseTree struct {
 	dir   string
-	rev   string              // the revision the keys point into
-	files map[string]baseFile // by revision path
+	rev   string // the revision the keys point into
+	mu    sync.Mutex
+	files map[string]baseFile // GUARDED_BY(mu): by revision path
+}
+
+// refresh updates p's stamp after its bytes were fetched in place, if p is
+// still that inode.
+func (b *baseTree) refresh(p string, ino uint64, st stamp) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if f, ok := b.files[p]; ok && f.stamp.ino == ino {
+		f.stamp = st
+		b.files[p] = f
+	}
 }
 
 func statStamp(path string) (stamp, bool) {
@@ -47,7 +60,9 @@ func (b *baseTree) reusable(dir, p string) (string, stamp, bool) {
 	if b == nil || b.dir != dir {
 		return "", cur, false
 	}
+	b.mu.Lock()
 	f, ok := b.files[p]
+	b.mu.Unlock()
 	if !ok || f.stamp != cur {
 		return "", cur, false
 	}

@@ -24,8 +24,11 @@ type Options struct {
 	Retention int    // revisions kept, counting the new current one (default 1)
 	Limits    Limits
 	NoLock    bool
-	Log       *slog.Logger
-	Now       func() time.Time
+	// LazyRestore restores folder revisions as placeholders whose bytes
+	// are fetched on first use (see lazy.go).
+	LazyRestore bool
+	Log         *slog.Logger
+	Now         func() time.Time
 }
 
 // Workspace is one workspace identity in a store: its lease, the index it
@@ -35,9 +38,12 @@ type Workspace struct {
 	opts  Options
 	log   *slog.Logger
 
-	mu      sync.Mutex // serializes saves; guards the fields below
-	index   *Index     // GUARDED_BY(mu); nil for a new workspace
-	base    *baseTree  // GUARDED_BY(mu); the tree last restored or saved, for reuse
+	mu    sync.Mutex // serializes saves; guards the fields below
+	index *Index     // GUARDED_BY(mu); nil for a new workspace
+
+	lmu     sync.Mutex // guards base and lazy; never held across I/O
+	base    *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
+	lazy    *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
 	version string     // GUARDED_BY(mu); the index version observed
 	lease   Lease
 }
@@ -178,7 +184,11 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return Entry{}, err
 	}
-	restored, err := w.restoreInto(ctx, e, tmp, sel)
+	var lazy *lazyState
+	if w.opts.LazyRestore && e.Format == FormatFolder {
+		lazy = newLazy(dir)
+	}
+	restored, err := w.restoreInto(ctx, e, tmp, sel, lazy)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
@@ -188,15 +198,17 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 		return Entry{}, err
 	}
 	if e.Format == FormatFolder {
-		w.mu.Lock()
-		w.base = recordTree(dir, e, restored)
-		w.mu.Unlock()
+		w.setBase(recordTree(dir, e, restored))
 	}
+	w.lmu.Lock()
+	w.lazy = lazy
+	w.lmu.Unlock()
 	return e, nil
 }
 
 // restoreInto materializes e into dir and returns the entries it restored.
-func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection) ([]TreeEntry, error) {
+// With lazy set, files become placeholders (see lazy.go).
+func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection, lazy *lazyState) ([]TreeEntry, error) {
 	if e.Format == FormatArchive {
 		// Validate the whole archive before extracting anything.
 		if _, err := w.Tree(ctx, e); err != nil {
@@ -225,7 +237,14 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 			}
 			continue
 		}
-		if err := w.restoreFile(ctx, &mat, e.Path+"files/"+te.Path, te); err != nil {
+		key := e.Path + "files/" + te.Path
+		if lazy != nil {
+			if err := lazy.addPlaceholder(&mat, te, key); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := w.restoreFile(ctx, &mat, key, te); err != nil {
 			return nil, err
 		}
 	}
@@ -338,9 +357,9 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	w.index, w.version = next, ver
 	if entry.Format == FormatFolder {
-		w.base = &baseTree{dir: dir, rev: entry.ID, files: up.stamps}
+		w.setBase(&baseTree{dir: dir, rev: entry.ID, files: up.stamps})
 	} else {
-		w.base = nil
+		w.setBase(nil)
 	}
 	// 5. Prune, only now.
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused}
@@ -377,6 +396,9 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		}
 	}()
 	if entry.Format == FormatArchive {
+		if err := w.ensureAll(ctx, dir, entries); err != nil {
+			return up, err
+		}
 		pr, pw := io.Pipe()
 		go func() {
 			_, err := WriteArchive(pw, dir, entries, w.opts.Limits)
@@ -396,7 +418,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		return up, st.Commit(ctx)
 	}
 	// Reuse only from a base revision the index still holds.
-	base := w.base
+	base := w.baseTree()
 	if base != nil && (w.index == nil || !hasRevision(w.index, base.rev)) {
 		base = nil
 	}
@@ -416,7 +438,13 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			}
 			up.reused++
 		} else {
-			if err := putFile(ctx, st, name, filepath.Join(dir, filepath.FromSlash(te.Path)), te.Size); err != nil {
+			// A placeholder gets its bytes before they are read.
+			if err := w.Ensure(ctx, te.Path); err != nil {
+				return up, err
+			}
+			src := filepath.Join(dir, filepath.FromSlash(te.Path))
+			stp, _ = statStamp(src) // after any fetch, before reading
+			if err := putFile(ctx, st, name, src, te.Size); err != nil {
 				return up, err
 			}
 			up.uploaded++
@@ -474,6 +502,18 @@ func (w *Workspace) cleanOrphans(ctx context.Context) {
 			w.log.Warn("remove orphan artifact", "path", k, "err", err)
 		}
 	}
+}
+
+func (w *Workspace) baseTree() *baseTree {
+	w.lmu.Lock()
+	defer w.lmu.Unlock()
+	return w.base
+}
+
+func (w *Workspace) setBase(b *baseTree) {
+	w.lmu.Lock()
+	w.base = b
+	w.lmu.Unlock()
 }
 
 // LeaseErr reports a lost lease; nil when held or when running unlocked.

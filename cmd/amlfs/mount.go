@@ -35,6 +35,8 @@ func mountFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "kernel-cache", Usage: "kernel entry/attr cache time", DefaultText: "1h"},
 		&cli.BoolFlag{Name: "fuse-debug", Usage: "log every FUSE request"},
 		&cli.BoolFlag{Name: "unsafe-no-conditional-writes", Usage: "lock and publish even if the store ignores If-None-Match/If-Match"},
+		&cli.StringFlag{Name: "restore", Value: "lazy", Usage: "lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"},
+		&cli.IntFlag{Name: "prefetch", Value: 4, Usage: "background fetches at once after a lazy restore (0: fetch only on use)"},
 	}, s3Flags()...)
 }
 
@@ -61,6 +63,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), CacheDir: c.String("cache-dir"),
 		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
+		Restore: c.String("restore"), Prefetch: c.Int("prefetch"),
 	}
 }
 
@@ -288,6 +291,9 @@ func statusCommand() *cli.Command {
 			fmt.Fprintf(w, "mountpoint:  %s\nworkspace:   %s\nstore:       %s\nphase:       %s\n", st.Mountpoint, st.ID, st.Store, st.Phase)
 			fmt.Fprintf(w, "current:     %s\nbase:        %s\ndirty:       %v (%d changes)\nlock:        %s\n", orNone(st.CurrentRevision), orNone(st.BaseRevision), st.Dirty, st.Changes, st.Lock)
 			fmt.Fprintf(w, "save policy: %s\npassthrough: %v\nworking dir: %s\npid:         %d\n", st.SavePolicy, st.Passthrough, st.WorkDir, st.PID)
+			if st.PendingFiles > 0 {
+				fmt.Fprintf(w, "lazy:        %d files (%d bytes) not fetched yet\n", st.PendingFiles, st.PendingBytes)
+			}
 			if st.LastSave != nil {
 				fmt.Fprintf(w, "last save:   %s at %s (%d files, %d bytes)\n", st.LastSave.Revision, st.LastSave.At.Format(time.RFC3339), st.LastSave.Files, st.LastSave.Bytes)
 			}

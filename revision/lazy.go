@@ -1,0 +1,317 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// Lazy restore. A folder revision restored lazily becomes a tree of
+// placeholders: every directory, and every file at its final size and mode
+// but with no bytes yet (sparse), marked with the xattr PendingXattr
+// holding the store key of its bytes. The mount is ready as soon as the
+// manifest is read. A file's bytes are fetched into its placeholder, in
+// place (the inode stays), the first time anything opens it, truncates it
+// or saves it, and by a bounded background prefetch. Only when the bytes
+// are written and fsync'd is the xattr removed, so after a crash the next
+// mount finds exactly the placeholders still pending.
+
+// PendingXattr marks a placeholder; its value is the key of the bytes.
+const PendingXattr = "user.amlfs.pending"
+
+type pendingFile struct {
+	key      string
+	size     int64
+	origPath string // where restore put it; the base tree's key
+}
+
+type lazyState struct {
+	dir      string
+	mu       sync.Mutex
+	pending  map[uint64]pendingFile // GUARDED_BY(mu): by inode
+	bytes    int64                  // GUARDED_BY(mu): bytes still pending
+	inflight map[uint64]*fetchCall  // GUARDED_BY(mu)
+}
+
+type fetchCall struct {
+	done chan struct{}
+	err  error
+}
+
+func newLazy(dir string) *lazyState {
+	return &lazyState{dir: dir, pending: map[uint64]pendingFile{}, inflight: map[uint64]*fetchCall{}}
+}
+
+// addPlaceholder creates the placeholder for te, whose bytes are at key.
+func (l *lazyState) addPlaceholder(m *materializer, te TreeEntry, key string) error {
+	dst := m.target(te.Path)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(te.Size); err != nil {
+		return err
+	}
+	if err := unix.Fsetxattr(int(f.Fd()), PendingXattr, []byte(key), 0); err != nil {
+		return fmt.Errorf("mark placeholder %s: %w", te.Path, err)
+	}
+	if err := f.Chmod(os.FileMode(te.Mode)); err != nil {
+		return err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path}
+	l.bytes += te.Size
+	l.mu.Unlock()
+	return nil
+}
+
+// validPendingKey checks a key read back from a placeholder's xattr.
+func validPendingKey(key string) bool {
+	rest, ok := strings.CutPrefix(key, "revisions/")
+	return ok && !strings.Contains(key, "\x00") && ValidPath(rest) == nil
+}
+
+// scanPending rebuilds the pending set of a working tree from placeholder
+// xattrs, after a crash.
+func scanPending(dir string) (*lazyState, error) {
+	l := newLazy(dir)
+	buf := make([]byte, 4096)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		n, err := unix.Lgetxattr(p, PendingXattr, buf)
+		if err != nil {
+			return nil // not a placeholder (ENODATA)
+		}
+		key := string(buf[:n])
+		if !validPendingKey(key) {
+			return amlerr.New(amlerr.InvalidStore, p, "bad pending marker %q", key)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		l.pending[st.Ino] = pendingFile{key: key, size: st.Size, origPath: filepath.ToSlash(rel)}
+		l.bytes += st.Size
+		return nil
+	})
+	return l, err
+}
+
+// Pending reports the files and bytes not fetched yet.
+func (w *Workspace) Pending() (files int, bytes int64) {
+	l := w.lazyState()
+	if l == nil {
+		return 0, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending), l.bytes
+}
+
+func (w *Workspace) lazyState() *lazyState {
+	w.lmu.Lock()
+	defer w.lmu.Unlock()
+	return w.lazy
+}
+
+// ResumePending finds the placeholders a crashed run left in dir, so that
+// their bytes are fetched before anyone reads or saves them.
+func (w *Workspace) ResumePending(dir string) (int, error) {
+	l, err := scanPending(dir)
+	if err != nil {
+		return 0, err
+	}
+	w.lmu.Lock()
+	w.lazy = l
+	w.lmu.Unlock()
+	return len(l.pending), nil
+}
+
+// Ensure makes sure the file at rel (relative to the working directory) has
+// its bytes: a no-op unless it is a pending placeholder, which it fetches,
+// blocking until the bytes are in place. Concurrent callers for one file
+// share one fetch.
+func (w *Workspace) Ensure(ctx context.Context, rel string) error {
+	l := w.lazyState()
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	empty := len(l.pending) == 0
+	l.mu.Unlock()
+	if empty {
+		return nil
+	}
+	p := filepath.Join(l.dir, filepath.FromSlash(rel))
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil {
+		return nil // gone or not there: nothing to fetch
+	}
+	return w.fetch(ctx, l, st.Ino, p)
+}
+
+func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path string) error {
+	l.mu.Lock()
+	pf, ok := l.pending[ino]
+	if !ok {
+		l.mu.Unlock()
+		return nil
+	}
+	if c, ok := l.inflight[ino]; ok {
+		l.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := &fetchCall{done: make(chan struct{})}
+	l.inflight[ino] = c
+	l.mu.Unlock()
+
+	// The fetch itself is not cancelled with the caller: others may wait
+	// on it, and a half-written placeholder is simply fetched again.
+	c.err = w.fill(context.WithoutCancel(ctx), pf, ino, path)
+	l.mu.Lock()
+	delete(l.inflight, ino)
+	if c.err == nil {
+		delete(l.pending, ino)
+		l.bytes -= pf.size
+	}
+	l.mu.Unlock()
+	close(c.done)
+	if c.err != nil {
+		w.log.Error("fetch file bytes", "path", path, "key", pf.key, "err", c.err)
+	}
+	return c.err
+}
+
+// fill writes a placeholder's bytes in place, checks their count, makes
+// them durable, then clears the marker.
+func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path string) error {
+	r, err := w.openArtifact(ctx, pf.key)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var before syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &before); err != nil {
+		return err
+	}
+	if before.Ino != ino {
+		return fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", path, before.Ino, ino)
+	}
+	n, err := io.Copy(f, io.LimitReader(r, pf.size+1))
+	if err != nil {
+		return err
+	}
+	if n != pf.size {
+		return amlerr.New(amlerr.InvalidStore, pf.key, "object holds %d bytes, the manifest says %d", n, pf.size)
+	}
+	// Keep the placeholder's mtime: fetching is not a modification.
+	ts := []unix.Timespec{unix.NsecToTimespec(before.Atim.Nano()), unix.NsecToTimespec(before.Mtim.Nano())}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), ts, 0); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := unix.Fremovexattr(int(f.Fd()), PendingXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+		return err
+	}
+	// The base tree knew the placeholder's stamp; it now holds the real
+	// bytes of the same object, so it stays reusable.
+	if b := w.baseTree(); b != nil {
+		if after, ok := statStamp(path); ok {
+			b.refresh(pf.origPath, ino, after)
+		}
+	}
+	return nil
+}
+
+// Prefetch fetches every pending file in the background, with at most
+// workers fetches at once, until none is left or ctx is done.
+func (w *Workspace) Prefetch(ctx context.Context, workers int) {
+	l := w.lazyState()
+	if l == nil || workers <= 0 {
+		return
+	}
+	l.mu.Lock()
+	type job struct {
+		ino uint64
+		pf  pendingFile
+	}
+	jobs := make([]job, 0, len(l.pending))
+	for ino, pf := range l.pending {
+		jobs = append(jobs, job{ino, pf})
+	}
+	l.mu.Unlock()
+	ch := make(chan job)
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range ch {
+				p := filepath.Join(l.dir, filepath.FromSlash(j.pf.origPath))
+				var st syscall.Stat_t
+				if syscall.Lstat(p, &st) != nil || st.Ino != j.ino {
+					continue // moved: fetched when next opened or saved
+				}
+				w.fetch(ctx, l, j.ino, p)
+			}
+		}()
+	}
+	for _, j := range jobs {
+		select {
+		case ch <- j:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(ch)
+	wg.Wait()
+}
+
+// ensureAll fetches every pending file under dir (for an archive save,
+// which reads everything).
+func (w *Workspace) ensureAll(ctx context.Context, dir string, entries []TreeEntry) error {
+	for _, te := range entries {
+		if te.Type == TypeFile {
+			if err := w.Ensure(ctx, te.Path); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
