@@ -289,7 +289,17 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return st.put(ctx, key, bytes.NewReader(data), size)
 }
 
+// Objects larger than multipartThreshold upload in parallel parts.
+const (
+	multipartThreshold = 64 << 20
+	partSize           = 16 << 20
+	partParallel       = 4
+)
+
 func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	if f, ok := body.(*os.File); ok && size > multipartThreshold {
+		return st.putMultipart(ctx, key, f, size)
+	}
 	_, err := st.s.Client.PutObject(ctx, &s3.PutObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key), Body: body,
 		ContentLength: aws.Int64(size), IfNoneMatch: aws.String("*")})
 	if err != nil {
@@ -297,6 +307,52 @@ func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, siz
 			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
 		}
 		return st.s.wrap("put", key, err)
+	}
+	st.record(key)
+	return nil
+}
+
+// putMultipart uploads f in parts, several at once, and completes the
+// upload with If-None-Match: *, so it too never replaces an object.
+func (st *s3Stager) putMultipart(ctx context.Context, key string, f *os.File, size int64) (err error) {
+	s := st.s
+	mu, err := s.Client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &s.Bucket, Key: aws.String(key)})
+	if err != nil {
+		return s.wrap("create multipart upload", key, err)
+	}
+	defer func() {
+		if err != nil {
+			s.Client.AbortMultipartUpload(context.WithoutCancel(ctx), &s3.AbortMultipartUploadInput{Bucket: &s.Bucket, Key: aws.String(key), UploadId: mu.UploadId})
+		}
+	}()
+	n := int((size + partSize - 1) / partSize)
+	parts := make([]types.CompletedPart, n)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(partParallel)
+	for i := 0; i < n; i++ {
+		off := int64(i) * partSize
+		length := min(int64(partSize), size-off)
+		num := int32(i + 1)
+		g.Go(func() error {
+			out, err := s.Client.UploadPart(gctx, &s3.UploadPartInput{Bucket: &s.Bucket, Key: aws.String(key), UploadId: mu.UploadId,
+				PartNumber: aws.Int32(num), Body: io.NewSectionReader(f, off, length), ContentLength: aws.Int64(length)})
+			if err != nil {
+				return s.wrap(fmt.Sprintf("upload part %d of", num), key, err)
+			}
+			parts[num-1] = types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(num)}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	_, err = s.Client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: &s.Bucket, Key: aws.String(key), UploadId: mu.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}, IfNoneMatch: aws.String("*")})
+	if err != nil {
+		if s3p.IsPrecondition(err) {
+			return fmt.Errorf("%w: s3://%s/%s", ErrExist, s.Bucket, key)
+		}
+		return s.wrap("complete multipart upload", key, err)
 	}
 	st.record(key)
 	return nil
