@@ -106,6 +106,8 @@ type Hooks struct {
 	// Notify tells the user something they must know (a cleaned stale
 	// mount, resumed work); it is also logged.
 	Notify func(msg string)
+	// Progress, if set, follows restores and saves.
+	Progress func(revision.Progress)
 }
 
 // Run mounts per cfg and serves until unmounted or signalled. The returned
@@ -169,7 +171,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
-		LazyRestore: cfg.Restore == "lazy", Log: d.log})
+		LazyRestore: cfg.Restore == "lazy", Progress: d.hooks.Progress, Log: d.log})
 	if err != nil {
 		return err
 	}

@@ -209,10 +209,19 @@ func (s *FSStore) Stage(ctx context.Context, key string) (Stager, error) {
 }
 
 type fsStager struct {
-	s      *FSStore
-	key    string
-	tmp    string
-	folder bool
+	s       *FSStore
+	key     string
+	tmp     string
+	folder  bool
+	written func(int64)
+}
+
+func (st *fsStager) OnWritten(fn func(int64)) { st.written = fn }
+
+func (st *fsStager) landed(n int64) {
+	if st.written != nil {
+		st.written(n)
+	}
 }
 
 func (st *fsStager) target(name string) (string, error) {
@@ -251,6 +260,9 @@ func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int6
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		st.landed(n)
+	}
 	return err
 }
 
@@ -259,7 +271,11 @@ func (st *fsStager) Reuse(ctx context.Context, name, fromKey string) error {
 	if err != nil {
 		return err
 	}
-	return os.Link(st.s.path(fromKey), p)
+	if err := os.Link(st.s.path(fromKey), p); err != nil {
+		return err
+	}
+	st.landed(0)
+	return nil
 }
 
 func (st *fsStager) Commit(ctx context.Context) error {

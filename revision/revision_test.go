@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -664,5 +665,22 @@ func TestLazyRestore(t *testing.T) {
 	buf := make([]byte, 100)
 	if _, err := unix.Getxattr(filepath.Join(dst, "a/one.txt"), PendingXattr, buf); err == nil {
 		t.Error("marker left after fetch")
+	}
+}
+
+func TestProgressReports(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"a": "12345", "b/c": "678"})
+	var last Progress
+	var mu sync.Mutex
+	w := openWS(t, base, "prog", Options{Progress: func(p Progress) { mu.Lock(); last = p; mu.Unlock() }})
+	if _, err := w.Save(ctx, src, Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !last.Done || last.Phase != "save" || last.Files != 2 || last.TotalFiles != 2 || last.Bytes != 8 || last.TotalBytes != 8 {
+		t.Errorf("last report %+v", last)
 	}
 }

@@ -217,7 +217,10 @@ type s3Stager struct {
 	mu      sync.Mutex
 	written []string // GUARDED_BY(mu): object keys written, for Abort
 	pending []byte   // the manifest, written at Commit
+	landed  func(int64)
 }
+
+func (st *s3Stager) OnWritten(fn func(int64)) { st.landed = fn }
 
 func (st *s3Stager) objectKey(name string) (string, error) {
 	if !st.folder {
@@ -232,10 +235,13 @@ func (st *s3Stager) objectKey(name string) (string, error) {
 	return st.s.key(st.key + name), nil
 }
 
-func (st *s3Stager) record(key string) {
+func (st *s3Stager) record(key string, size int64) {
 	st.mu.Lock()
 	st.written = append(st.written, key)
 	st.mu.Unlock()
+	if st.landed != nil {
+		st.landed(size)
+	}
 }
 
 // Put uploads one object. Files from disk upload in the background (up to
@@ -308,7 +314,7 @@ func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, siz
 		}
 		return st.s.wrap("put", key, err)
 	}
-	st.record(key)
+	st.record(key, size)
 	return nil
 }
 
@@ -354,7 +360,7 @@ func (st *s3Stager) putMultipart(ctx context.Context, key string, f *os.File, si
 		}
 		return s.wrap("complete multipart upload", key, err)
 	}
-	st.record(key)
+	st.record(key, size)
 	return nil
 }
 
@@ -374,7 +380,7 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string) error {
 			}
 			return st.s.wrap("copy", key, err)
 		}
-		st.record(key)
+		st.record(key, 0)
 		return nil
 	})
 	return nil

@@ -27,8 +27,10 @@ type Options struct {
 	// LazyRestore restores folder revisions as placeholders whose bytes
 	// are fetched on first use (see lazy.go).
 	LazyRestore bool
-	Log         *slog.Logger
-	Now         func() time.Time
+	// Progress, if set, receives reports during restores and saves.
+	Progress func(Progress)
+	Log      *slog.Logger
+	Now      func() time.Time
 }
 
 // Workspace is one workspace identity in a store: its lease, the index it
@@ -226,6 +228,15 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 		return nil, err
 	}
 	entries := sel.Filter(m.Entries)
+	var nfiles, nbytes int64
+	for _, te := range entries {
+		if te.Type == TypeFile {
+			nfiles++
+			nbytes += te.Size
+		}
+	}
+	prog := startProgress(w.opts.Progress, "restore", nfiles, nbytes)
+	defer prog.finish()
 	mat := materializer{root: dir}
 	for _, te := range entries {
 		if err := ctx.Err(); err != nil {
@@ -242,23 +253,25 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 			if err := lazy.addPlaceholder(&mat, te, key); err != nil {
 				return nil, err
 			}
+			prog.fileDone()
 			continue
 		}
-		if err := w.restoreFile(ctx, &mat, key, te); err != nil {
+		if err := w.restoreFile(ctx, &mat, key, te, prog); err != nil {
 			return nil, err
 		}
+		prog.fileDone()
 	}
 	return entries, mat.finish()
 }
 
-func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te TreeEntry) error {
+func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te TreeEntry, prog *progress) error {
 	r, err := w.openArtifact(ctx, key)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	// The object must hold exactly the manifest's size.
-	if err := mat.add(te, r); err != nil {
+	if err := mat.add(te, prog.reader(r)); err != nil {
 		return amlerr.Wrap(amlerr.InvalidStore, key, err)
 	}
 	var one [1]byte
@@ -328,7 +341,9 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	// 3. Upload.
 	entry := Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
-	up, err := w.upload(ctx, dir, entry, entries)
+	prog := startProgress(w.opts.Progress, "save", int64(files), total)
+	up, err := w.upload(ctx, dir, entry, entries, prog)
+	prog.finish()
 	if err != nil {
 		if errors.Is(err, ErrExist) {
 			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
@@ -385,11 +400,12 @@ type uploadStats struct {
 // upload writes the artifact. For a folder revision, a file unchanged since
 // the base tree (same stamp) reuses the base revision's object; only the
 // rest is uploaded. Must hold w.mu.
-func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry) (up uploadStats, err error) {
+func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry, prog *progress) (up uploadStats, err error) {
 	st, err := w.store.Stage(ctx, entry.Path)
 	if err != nil {
 		return up, err
 	}
+	st.OnWritten(func(n int64) { prog.bytes.Add(n); prog.fileDone() })
 	defer func() {
 		if err != nil {
 			st.Abort(context.WithoutCancel(ctx))

@@ -35,3 +35,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		}
 	}
 }
+
+func TestProgressQuietOffTTY(t *testing.T) {
+	if ttyProgress(&bytes.Buffer{}) != nil {
+		t.Error("progress would draw into a non-terminal")
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
+	"github.com/amlfs/amlfs/revision"
 )
 
 func mountFlags() []cli.Flag {
@@ -102,9 +105,25 @@ func mountCommand() *cli.Command {
 			if fd, err := strconv.Atoi(os.Getenv(readyFdEnv)); err == nil {
 				// A --daemon child reports to its parent through the pipe.
 				readyPipe = os.NewFile(uintptr(fd), "ready")
-				hooks.Ready = func(string) { fmt.Fprintln(readyPipe, "ready"); readyPipe.Close() }
 				hooks.Notify = func(msg string) { fmt.Fprintf(readyPipe, "note\t%s\n", msg) }
+				var ready atomic.Bool
+				var pipeMu sync.Mutex // the pipe is closed at ready
+				hooks.Ready = func(string) {
+					pipeMu.Lock()
+					defer pipeMu.Unlock()
+					ready.Store(true)
+					fmt.Fprintln(readyPipe, "ready")
+					readyPipe.Close()
+				}
+				hooks.Progress = func(p revision.Progress) {
+					pipeMu.Lock()
+					defer pipeMu.Unlock()
+					if !ready.Load() { // the parent is listening only until ready
+						fmt.Fprintf(readyPipe, "progress\t%s\t%v\n", progressLine(p), p.Done)
+					}
+				}
 			} else {
+				hooks.Progress = ttyProgress(c.App.ErrWriter)
 				hooks.Ready = func(mp string) {
 					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s); unmount with `amlfs unmount %s` or Ctrl-C\n", mp, cfg.ID, mp)
 				}
@@ -167,12 +186,24 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	}
 	w.Close()
 	br := bufio.NewReader(r)
+	tty := isTTY(c.App.ErrWriter)
 	var line string
 	for {
 		l, err := br.ReadString('\n')
 		line = strings.TrimRight(l, "\n")
 		if msg, ok := strings.CutPrefix(line, "note\t"); ok {
 			fmt.Fprintf(c.App.ErrWriter, "amlfs: %s\n", msg)
+			continue
+		}
+		if msg, ok := strings.CutPrefix(line, "progress\t"); ok {
+			if tty {
+				text, done, _ := strings.Cut(msg, "\t")
+				end := ""
+				if done == "true" {
+					end = "\n"
+				}
+				fmt.Fprintf(c.App.ErrWriter, "\r\x1b[K%s%s", text, end)
+			}
 			continue
 		}
 		if err != nil || line != "" {
