@@ -213,14 +213,14 @@ type fsStager struct {
 	key     string
 	tmp     string
 	folder  bool
-	written func(int64)
+	written func(string, int64)
 }
 
-func (st *fsStager) OnWritten(fn func(int64)) { st.written = fn }
+func (st *fsStager) OnWritten(fn func(string, int64)) { st.written = fn }
 
-func (st *fsStager) landed(n int64) {
+func (st *fsStager) landed(name string, n int64) {
 	if st.written != nil {
-		st.written(n)
+		st.written(name, n)
 	}
 }
 
@@ -261,7 +261,7 @@ func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int6
 		err = cerr
 	}
 	if err == nil {
-		st.landed(n)
+		st.landed(name, n)
 	}
 	return err
 }
@@ -274,7 +274,7 @@ func (st *fsStager) Reuse(ctx context.Context, name, fromKey string) error {
 	if err := os.Link(st.s.path(fromKey), p); err != nil {
 		return err
 	}
-	st.landed(0)
+	st.landed(name, 0)
 	return nil
 }
 

@@ -217,10 +217,10 @@ type s3Stager struct {
 	mu      sync.Mutex
 	written []string // GUARDED_BY(mu): object keys written, for Abort
 	pending []byte   // the manifest, written at Commit
-	landed  func(int64)
+	landed  func(string, int64)
 }
 
-func (st *s3Stager) OnWritten(fn func(int64)) { st.landed = fn }
+func (st *s3Stager) OnWritten(fn func(string, int64)) { st.landed = fn }
 
 func (st *s3Stager) objectKey(name string) (string, error) {
 	if !st.folder {
@@ -240,7 +240,7 @@ func (st *s3Stager) record(key string, size int64) {
 	st.written = append(st.written, key)
 	st.mu.Unlock()
 	if st.landed != nil {
-		st.landed(size)
+		st.landed(strings.TrimPrefix(key, st.s.key(st.key)), size)
 	}
 }
 

@@ -55,9 +55,10 @@ type Stager interface {
 	Commit(ctx context.Context) error
 	// Abort discards whatever was written.
 	Abort(ctx context.Context) error
-	// OnWritten sets a callback run as each object lands (with its size;
-	// 0 for a reused one), for progress reports. Set it before Put.
-	OnWritten(func(size int64))
+	// OnWritten sets a callback run as each object lands, with its name
+	// and size (0 for a reused one), for progress reports. Set it before
+	// Put.
+	OnWritten(func(name string, size int64))
 }
 
 // Lease is a held writer lock.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -405,7 +406,12 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	if err != nil {
 		return up, err
 	}
-	st.OnWritten(func(n int64) { prog.bytes.Add(n); prog.fileDone() })
+	st.OnWritten(func(name string, n int64) {
+		if name == "" || strings.HasPrefix(name, "files/") { // not the manifest
+			prog.bytes.Add(n)
+			prog.fileDone()
+		}
+	})
 	defer func() {
 		if err != nil {
 			st.Abort(context.WithoutCancel(ctx))
