@@ -315,3 +315,89 @@ func (w *Workspace) ensureAll(ctx context.Context, dir string, entries []TreeEnt
 	}
 	return nil
 }
+
+// repoint moves pending placeholders to the same bytes in a newly published
+// revision (where a save copied them), so that pruning the revision they
+// were restored from cannot strand them. moves maps inode to new key.
+func (w *Workspace) repoint(moves map[uint64]repointTo) {
+	l := w.lazyState()
+	if l == nil || len(moves) == 0 {
+		return
+	}
+	for ino, m := range moves {
+		l.mu.Lock()
+		pf, ok := l.pending[ino]
+		_, busy := l.inflight[ino]
+		l.mu.Unlock()
+		if !ok || busy {
+			continue
+		}
+		p := filepath.Join(l.dir, filepath.FromSlash(m.path))
+		var st syscall.Stat_t
+		if syscall.Lstat(p, &st) != nil || st.Ino != ino {
+			continue
+		}
+		if err := unix.Lsetxattr(p, PendingXattr, []byte(m.key), unix.XATTR_REPLACE); err != nil {
+			continue // already fetched: the marker is gone
+		}
+		l.mu.Lock()
+		if cur, ok := l.pending[ino]; ok && cur.key == pf.key {
+			cur.key = m.key
+			l.pending[ino] = cur
+		}
+		l.mu.Unlock()
+	}
+}
+
+type repointTo struct{ path, key string }
+
+// fetchFrom fetches every pending file whose bytes live in the artifact at
+// revPath, before that revision is pruned. It reports whether all did.
+func (w *Workspace) fetchFrom(ctx context.Context, revPath string) bool {
+	l := w.lazyState()
+	if l == nil {
+		return true
+	}
+	type job struct {
+		ino uint64
+		pf  pendingFile
+	}
+	var jobs []job
+	l.mu.Lock()
+	for ino, pf := range l.pending {
+		if strings.HasPrefix(pf.key, revPath) {
+			jobs = append(jobs, job{ino, pf})
+		}
+	}
+	l.mu.Unlock()
+	if len(jobs) == 0 {
+		return true
+	}
+	// Find each inode's current path: it may have been renamed.
+	paths := map[uint64]string{}
+	filepath.WalkDir(l.dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			var st syscall.Stat_t
+			if syscall.Lstat(p, &st) == nil {
+				paths[st.Ino] = p
+			}
+		}
+		return nil
+	})
+	ok := true
+	for _, j := range jobs {
+		p, found := paths[j.ino]
+		if !found {
+			// Unlinked: nothing needs its bytes any more.
+			l.mu.Lock()
+			delete(l.pending, j.ino)
+			l.bytes -= j.pf.size
+			l.mu.Unlock()
+			continue
+		}
+		if err := w.fetch(ctx, l, j.ino, p); err != nil {
+			ok = false
+		}
+	}
+	return ok
+}

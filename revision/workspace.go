@@ -377,9 +377,16 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	} else {
 		w.setBase(nil)
 	}
-	// 5. Prune, only now.
+	// Placeholders not fetched yet now take their bytes from the new
+	// revision, where the save copied them.
+	w.repoint(up.moves)
+	// 5. Prune, only now, and never a revision a placeholder still needs.
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused}
 	for _, p := range pruned {
+		if !w.fetchFrom(ctx, p.Path) {
+			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "revision", p.ID)
+			continue
+		}
 		if err := w.store.Remove(ctx, p.Path); err != nil {
 			w.log.Warn("prune revision", "revision", p.ID, "path", p.Path, "err", err)
 			continue
@@ -396,6 +403,7 @@ type uploadStats struct {
 	uploaded, reused int
 	uploadedBytes    int64
 	stamps           map[string]baseFile
+	moves            map[uint64]repointTo // reused placeholders, by inode
 }
 
 // upload writes the artifact. For a folder revision, a file unchanged since
@@ -459,6 +467,10 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 				return up, err
 			}
 			up.reused++
+			if up.moves == nil {
+				up.moves = map[uint64]repointTo{}
+			}
+			up.moves[stp.ino] = repointTo{path: te.Path, key: entry.Path + name}
 		} else {
 			// A placeholder gets its bytes before they are read.
 			if err := w.Ensure(ctx, te.Path); err != nil {

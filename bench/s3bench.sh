@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# s3bench.sh: amlfs on an S3 store (versitygw on loopback), measured side by
+# side in one run, reported as ratios.
+#   1. time to a ready mount of a 10k-file / 200 MB folder revision: lazy vs full
+#   2. save after changing 1 file of it: incremental vs a full upload
+#   3. save and restore of a 1 GiB tree vs `aws s3 cp --recursive` up and down
+# Needs root (FUSE) and versitygw (AMLFS_VERSITYGW, as .ci/run installs it);
+# installs awscli from Debian if missing.
+#
+#   bash bench/s3bench.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${BENCH_DIR:-/var/tmp/amlfs-s3bench}
+VGW=${AMLFS_VERSITYGW:-$HOME/.cache/amlfs-tools/versitygw}
+AWS=/usr/bin/aws   # Debian's awscli (a pyenv shim may shadow it on PATH)
+[ -x "$AWS" ] || apt-get install -y -qq awscli >/dev/null
+
+rm -rf "$WORK"; mkdir -p "$WORK"/{data/bkt,bin,run,src}
+go build -o "$WORK/bin/amlfs" ./cmd/amlfs
+AM="$WORK/bin/amlfs"
+PORT=$((20000 + RANDOM % 20000))
+"$VGW" --port 127.0.0.1:$PORT --access benchkey --secret benchsecret posix "$WORK/data" >"$WORK/vgw.log" 2>&1 &
+VPID=$!
+export AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret AWS_REGION=us-east-1 AMLFS_RUNTIME_DIR="$WORK/run"
+EP=http://127.0.0.1:$PORT
+S3="--s3-endpoint $EP --s3-path-style"
+cleanup() {
+  for m in "$WORK"/m*; do "$AM" unmount --no-save "$m" >/dev/null 2>&1 || true; done
+  kill $VPID 2>/dev/null || true
+}
+trap cleanup EXIT
+sleep 1
+
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc -l; }
+ratio() { echo "$1 / $2" | bc -l; }
+
+# --- 1 and 2: 10k files, 200 MB -------------------------------------------
+m="$WORK/m10k"
+"$AM" mount --daemon "$m" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c0" >/dev/null 2>&1
+for d in $(seq 0 99); do mkdir "$m/d$d"; for f in $(seq 0 99); do head -c 20000 /dev/urandom > "$m/d$d/f$f"; done; done
+"$AM" unmount "$m" >/dev/null
+
+t=$(now); "$AM" mount --daemon "$WORK/mlazy" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c1" --restore lazy --prefetch 0 >/dev/null 2>&1; LAZY=$(since $t)
+t=$(now); "$AM" mount --daemon "$WORK/mfull" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c2" --restore full --no-lock >/dev/null 2>&1; FULL=$(since $t)
+"$AM" unmount --no-save "$WORK/mfull" >/dev/null
+
+echo changed > "$WORK/mlazy/d42/f7"
+t=$(now); "$AM" commit "$WORK/mlazy" >/dev/null; INC=$(since $t)
+# A full upload of the same tree: the same save with nothing to reuse.
+"$AM" mount --daemon "$WORK/mcopy" --store s3://bkt/bench --id tenk-copy $S3 --cache-dir "$WORK/c3" --load none >/dev/null 2>&1
+cp -a "$WORK/mlazy/." "$WORK/mcopy/"
+t=$(now); "$AM" commit "$WORK/mcopy" >/dev/null; FULLSAVE=$(since $t)
+"$AM" unmount --no-save "$WORK/mcopy" >/dev/null
+"$AM" unmount --no-save "$WORK/mlazy" >/dev/null
+
+# --- 3: a 1 GiB tree: 64 files of 16 MiB ----------------------------------
+for i in $(seq 0 63); do head -c 16777216 /dev/urandom > "$WORK/src/f$i"; done
+m="$WORK/mgib"
+"$AM" mount --daemon "$m" --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c4" >/dev/null 2>&1
+cp -a "$WORK/src/." "$m/"
+sync
+t=$(now); "$AM" unmount "$m" >/dev/null; SAVE=$(since $t)
+t=$(now); "$AM" mount --daemon "$WORK/mgib2" --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c5" --restore full >/dev/null 2>&1; RESTORE=$(since $t)
+"$AM" unmount --no-save "$WORK/mgib2" >/dev/null
+t=$(now); env -u AWS_CA_BUNDLE "$AWS" --endpoint-url "$EP" s3 cp --recursive --quiet "$WORK/src" s3://bkt/awscli/ ; AWSUP=$(since $t)
+t=$(now); env -u AWS_CA_BUNDLE "$AWS" --endpoint-url "$EP" s3 cp --recursive --quiet s3://bkt/awscli/ "$WORK/down" ; AWSDOWN=$(since $t)
+
+printf '\ns3bench: versitygw %s on loopback, kernel %s\n\n' "$("$VGW" --version 2>/dev/null | head -1 | awk '{print $NF}')" "$(uname -r)"
+printf '| measure | amlfs s | reference s | ratio | target |\n|---|---|---|---|---|\n'
+printf '| ready mount, 10k files / 200 MB: lazy vs full restore | %.2f | %.2f | %.1fx faster | >= 10x |\n' "$LAZY" "$FULL" "$(ratio $FULL $LAZY)"
+printf '| save after changing 1 of 10k files: incremental vs full upload | %.2f | %.2f | %.1fx faster | >= 20x |\n' "$INC" "$FULLSAVE" "$(ratio $FULLSAVE $INC)"
+printf '| save 1 GiB (64 x 16 MiB) vs aws s3 cp --recursive up | %.2f | %.2f | %.2fx the time | <= 1x |\n' "$SAVE" "$AWSUP" "$(ratio $SAVE $AWSUP)"
+printf '| restore 1 GiB vs aws s3 cp --recursive down | %.2f | %.2f | %.2fx the time | <= 1x |\n' "$RESTORE" "$AWSDOWN" "$(ratio $RESTORE $AWSDOWN)"
