@@ -55,11 +55,7 @@ func newLazy(dir string) *lazyState {
 
 // addPlaceholder creates the placeholder for te, whose bytes are at key.
 func (l *lazyState) addPlaceholder(m *materializer, te TreeEntry, key string) error {
-	dst := m.target(te.Path)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := m.create(m.target(te.Path))
 	if err != nil {
 		return err
 	}

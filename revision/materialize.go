@@ -21,19 +21,22 @@ func (m *materializer) target(p string) string {
 }
 
 // add creates e; for a file, content supplies exactly e.Size bytes.
+// Directories must be added before what they hold (manifest order), and
+// one at a time; files may be added concurrently.
 func (m *materializer) add(e TreeEntry, content io.Reader) error {
 	dst := m.target(e.Path)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
 	if e.Type == TypeDir {
-		if err := os.Mkdir(dst, 0o755); err != nil && !os.IsExist(err) {
+		err := os.Mkdir(dst, 0o755)
+		if os.IsNotExist(err) {
+			err = os.MkdirAll(dst, 0o755)
+		}
+		if err != nil && !os.IsExist(err) {
 			return err
 		}
 		m.dirs = append(m.dirs, e)
 		return nil
 	}
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := m.create(dst)
 	if err != nil {
 		return err
 	}
@@ -48,6 +51,19 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 		err = cerr
 	}
 	return err
+}
+
+// create makes a new file at dst, creating missing parents (a manifest
+// need not list every directory).
+func (m *materializer) create(dst string) (*os.File, error) {
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if os.IsNotExist(err) {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return nil, err
+		}
+		f, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	}
+	return f, err
 }
 
 func (m *materializer) finish() error {

@@ -14,9 +14,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
+
+// restoreParallel bounds concurrent file restores (downloads or
+// placeholders).
+const restoreParallel = 8
 
 // Options configure a Workspace.
 type Options struct {
@@ -239,28 +244,43 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	prog := startProgress(w.opts.Progress, "restore", nfiles, nbytes)
 	defer prog.finish()
 	mat := materializer{root: dir}
+	// Directories first, parents before children; then the files, several
+	// at once.
 	for _, te := range entries {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
 		if te.Type == TypeDir {
 			if err := mat.add(te, nil); err != nil {
 				return nil, err
 			}
+		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(restoreParallel)
+	for _, te := range entries {
+		if te.Type != TypeFile {
 			continue
+		}
+		if gctx.Err() != nil {
+			break
 		}
 		key := e.Path + "files/" + te.Path
-		if lazy != nil {
-			if err := lazy.addPlaceholder(&mat, te, key); err != nil {
-				return nil, err
+		g.Go(func() error {
+			var err error
+			if lazy != nil {
+				err = lazy.addPlaceholder(&mat, te, key)
+			} else {
+				err = w.restoreFile(gctx, &mat, key, te, prog)
 			}
-			prog.fileDone()
-			continue
-		}
-		if err := w.restoreFile(ctx, &mat, key, te, prog); err != nil {
-			return nil, err
-		}
-		prog.fileDone()
+			if err == nil {
+				prog.fileDone()
+			}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	return entries, mat.finish()
 }
