@@ -297,3 +297,23 @@ func TestS3TwoHosts(t *testing.T) {
 		t.Errorf("current %s, want A's %s", idx.Current, ra.stdout)
 	}
 }
+
+// A lease taken over behind the daemon's back is reported at the next
+// save: nothing publishes, and the exit status is 4.
+func TestS3LostLeaseFailsSave(t *testing.T) {
+	srv := startS3(t, false)
+	e := newS3Env(t, srv)
+	mp := e.mount("lost")
+	sh(t, mp, "echo mine > f")
+	e.putStoreFile("lost/lock.json", []byte(fmt.Sprintf(`{"token":"someone-else","updatedAt":%d}`, time.Now().UnixMilli())))
+	r := e.unmount(mp)
+	if r.code != 4 || !strings.Contains(r.stderr, "AML_LOCK_LOST") {
+		t.Fatalf("save after losing the lease: %s", r)
+	}
+	if fileExists(filepath.Join(e.storeD, "lost", "workspace.json")) {
+		t.Error("published without the lease")
+	}
+	if got := readFile(t, filepath.Join(e.storeD, "lost", "lock.json")); !strings.Contains(got, "someone-else") {
+		t.Errorf("the other writer's lock was touched: %s", got)
+	}
+}

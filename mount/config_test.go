@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/amlfs/amlfs/amlerr"
@@ -20,8 +21,10 @@ func TestNormalize(t *testing.T) {
 	for name, spoil := range map[string]func(*Config){
 		"no mountpoint":  func(c *Config) { c.Mountpoint = "" },
 		"relative store": func(c *Config) { c.Store = "file://relative/dir" },
-		"s3 store":       func(c *Config) { c.Store = "s3://bucket/prefix" },
 		"ftp store":      func(c *Config) { c.Store = "ftp://x/y" },
+		"s3 dot prefix":  func(c *Config) { c.Store = "s3://bucket/a/../b" },
+		"s3 no bucket":   func(c *Config) { c.Store = "s3:///prefix" },
+		"bad restore":    func(c *Config) { c.Restore = "eager" },
 		"bad format":     func(c *Config) { c.Format = "zip" },
 		"bad save":       func(c *Config) { c.Save = "sometimes" },
 		"bad retention":  func(c *Config) { c.Retention = -1 },
@@ -41,4 +44,36 @@ func TestUnescapeMountinfo(t *testing.T) {
 	if got := unescapeMountinfo(`/mnt/with\040space\011tab`); got != "/mnt/with space\ttab" {
 		t.Errorf("got %q", got)
 	}
+}
+
+func FuzzParseStore(f *testing.F) {
+	for _, s := range []string{"file:///var/lib/amlfs", "s3://bucket/aml/workspaces", "s3://b", "s3://b/../x", "file://host/x", "ftp://x", "s3://b/a//c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		spec, err := ParseStore(raw)
+		if err != nil {
+			if amlerr.ExitStatus(err) != amlerr.ExitUsage {
+				t.Fatalf("rejection without INVALID_CONFIG: %v", err)
+			}
+			return
+		}
+		switch spec.Kind {
+		case "file":
+			if !strings.HasPrefix(spec.Dir, "/") || strings.Contains(spec.Dir, "/../") {
+				t.Fatalf("unsafe dir %q from %q", spec.Dir, raw)
+			}
+		case "s3":
+			if spec.Bucket == "" || strings.HasPrefix(spec.Prefix, "/") || strings.HasSuffix(spec.Prefix, "/") {
+				t.Fatalf("bad s3 spec %+v from %q", spec, raw)
+			}
+			for _, seg := range strings.Split(spec.Prefix, "/") {
+				if seg == "" || seg == "." || seg == ".." {
+					t.Fatalf("bad prefix segment in %+v from %q", spec, raw)
+				}
+			}
+		default:
+			t.Fatalf("kind %q", spec.Kind)
+		}
+	})
 }
