@@ -43,9 +43,13 @@ func (s *FSStore) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
 	if err := syscall.Stat(lp, &st); err != nil {
 		return nil, err
 	}
-	l := &fsLease{path: lp, ino: st.Ino, mtime: st.Mtim, refresh: s.LockRefresh, onLost: onLost, done: make(chan struct{})}
-	l.wg.Add(1)
-	go l.heartbeat()
+	l := &fsLease{leaseState: newLeaseState(onLost), path: lp, ino: st.Ino, mtime: st.Mtim}
+	l.start(s.LockRefresh, func() error {
+		if err := l.check(); err != nil {
+			return err
+		}
+		return l.touch()
+	})
 	return l, nil
 }
 
@@ -79,17 +83,12 @@ func (s *FSStore) takeOver(lp string) error {
 }
 
 type fsLease struct {
-	path    string
-	ino     uint64
-	mtime   syscall.Timespec // the mtime we last set; a recreated lock differs
-	refresh time.Duration
-	onLost  func(error)
-	done    chan struct{}
-	stop    sync.Once
-	wg      sync.WaitGroup
+	*leaseState
+	path string
 
-	mu   sync.Mutex
-	lost error // GUARDED_BY(mu)
+	mu    sync.Mutex
+	ino   uint64           // GUARDED_BY(mu)
+	mtime syscall.Timespec // GUARDED_BY(mu): the mtime we last set; a recreated lock differs
 }
 
 // check verifies the lock directory is still the one we created.
@@ -123,48 +122,15 @@ func (l *fsLease) touch() error {
 	return nil
 }
 
-func (l *fsLease) heartbeat() {
-	defer l.wg.Done()
-	t := time.NewTicker(l.refresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.done:
-			return
-		case <-t.C:
-		}
-		err := l.check()
-		if err == nil {
-			err = l.touch()
-		}
-		if err != nil {
-			l.mu.Lock()
-			first := l.lost == nil
-			if first {
-				l.lost = err
-			}
-			l.mu.Unlock()
-			if first && l.onLost != nil {
-				l.onLost(err)
-			}
-			return
-		}
-	}
-}
-
 func (l *fsLease) Lost() error {
-	l.mu.Lock()
-	lost := l.lost
-	l.mu.Unlock()
-	if lost != nil {
-		return lost
+	if err := l.lostErr(); err != nil {
+		return err
 	}
 	return l.check()
 }
 
 func (l *fsLease) Release(ctx context.Context) error {
-	l.stop.Do(func() { close(l.done) })
-	l.wg.Wait()
+	l.halt()
 	if err := l.Lost(); err != nil {
 		return err
 	}

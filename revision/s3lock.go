@@ -73,9 +73,8 @@ func (s *S3Store) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &s3Lease{s: s, token: rec.Token, etag: etag, onLost: onLost, done: make(chan struct{})}
-	l.wg.Add(1)
-	go l.heartbeat()
+	l := &s3Lease{leaseState: newLeaseState(onLost), s: s, token: rec.Token, etag: etag}
+	l.start(s.LockRefresh, l.refresh)
 	return l, nil
 }
 
@@ -104,67 +103,39 @@ func (s *S3Store) takeOver(ctx context.Context, rec lockRecord) (string, error) 
 }
 
 type s3Lease struct {
-	s      *S3Store
-	token  string
-	onLost func(error)
-	done   chan struct{}
-	stop   sync.Once
-	wg     sync.WaitGroup
+	*leaseState
+	s     *S3Store
+	token string
 
 	mu   sync.Mutex
 	etag string // GUARDED_BY(mu)
-	lost error  // GUARDED_BY(mu)
 }
 
-func (l *s3Lease) setLost(err error) {
+// refresh is one heartbeat: rewrite lock.json with If-Match on its ETag.
+// Only a 412 loses the lease; a transient failure keeps the ETag for the
+// next tick, since the lease goes stale only after LockStale.
+func (l *s3Lease) refresh() error {
 	l.mu.Lock()
-	first := l.lost == nil
-	if first {
-		l.lost = err
-	}
+	etag := l.etag
 	l.mu.Unlock()
-	if first && l.onLost != nil {
-		l.onLost(err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	next, err := l.s.putLock(ctx, lockRecord{Token: l.token, UpdatedAt: l.s.Now().UnixMilli()}, etag)
+	switch {
+	case errors.Is(err, ErrPrecondition):
+		return amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock was taken over by another writer")
+	case err != nil:
+		return nil
 	}
-}
-
-func (l *s3Lease) heartbeat() {
-	defer l.wg.Done()
-	t := time.NewTicker(l.s.LockRefresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-l.done:
-			return
-		case <-t.C:
-		}
-		l.mu.Lock()
-		etag := l.etag
-		l.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		next, err := l.s.putLock(ctx, lockRecord{Token: l.token, UpdatedAt: l.s.Now().UnixMilli()}, etag)
-		cancel()
-		switch {
-		case errors.Is(err, ErrPrecondition):
-			l.setLost(amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock was taken over by another writer"))
-			return
-		case err != nil:
-			// A transient failure: keep the ETag and try again next tick;
-			// the lease only goes stale after LockStale.
-			continue
-		}
-		l.mu.Lock()
-		l.etag = next
-		l.mu.Unlock()
-	}
+	l.mu.Lock()
+	l.etag = next
+	l.mu.Unlock()
+	return nil
 }
 
 // Lost checks with the store that lock.json still holds our token.
 func (l *s3Lease) Lost() error {
-	l.mu.Lock()
-	lost := l.lost
-	l.mu.Unlock()
-	if lost != nil {
+	if lost := l.lostErr(); lost != nil {
 		return lost
 	}
 	cur, _, err := l.s.readLock(context.Background())
@@ -181,8 +152,7 @@ func (l *s3Lease) Lost() error {
 
 // Release deletes lock.json if it still holds our token.
 func (l *s3Lease) Release(ctx context.Context) error {
-	l.stop.Do(func() { close(l.done) })
-	l.wg.Wait()
+	l.halt()
 	if err := l.Lost(); err != nil {
 		return err
 	}

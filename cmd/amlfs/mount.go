@@ -237,11 +237,7 @@ func unmountCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT",
 		Flags:     []cli.Flag{&cli.BoolFlag{Name: "no-save", Usage: "do not save; discard unsaved changes"}},
 		Action: func(c *cli.Context) error {
-			mp, err := oneArg(c, "MOUNTPOINT")
-			if err != nil {
-				return err
-			}
-			cl, err := mount.NewClient(mp)
+			mp, cl, err := daemonClient(c)
 			if err != nil {
 				return err
 			}
@@ -271,11 +267,7 @@ func commitCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT",
 		Flags:     []cli.Flag{&cli.StringFlag{Name: "revision", Usage: "caller-chosen revision id"}},
 		Action: func(c *cli.Context) error {
-			mp, err := oneArg(c, "MOUNTPOINT")
-			if err != nil {
-				return err
-			}
-			cl, err := mount.NewClient(mp)
+			mp, cl, err := daemonClient(c)
 			if err != nil {
 				return err
 			}
@@ -287,6 +279,17 @@ func commitCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// daemonClient returns the MOUNTPOINT argument and a client for the daemon
+// serving it.
+func daemonClient(c *cli.Context) (string, *mount.Client, error) {
+	mp, err := oneArg(c, "MOUNTPOINT")
+	if err != nil {
+		return "", nil, err
+	}
+	cl, err := mount.NewClient(mp)
+	return mp, cl, err
 }
 
 func notRunning(mp string, err error) error {
@@ -303,11 +306,7 @@ func statusCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT",
 		Flags:     []cli.Flag{&cli.BoolFlag{Name: "json"}},
 		Action: func(c *cli.Context) error {
-			mp, err := oneArg(c, "MOUNTPOINT")
-			if err != nil {
-				return err
-			}
-			cl, err := mount.NewClient(mp)
+			mp, cl, err := daemonClient(c)
 			if err != nil {
 				return err
 			}
