@@ -68,6 +68,7 @@ func TestPOSIX(t *testing.T) {
 		{"MmapShared", testMmapShared},
 		{"ReaddirSeekRewindStableInodes", testReaddirSeek},
 		{"Statfs", testStatfs},
+		{"CallerUmask", testCallerUmask},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, caseDir(t, mp)) })
 	}
@@ -570,5 +571,13 @@ func TestUnprivilegedTruncateKillsSuid(t *testing.T) {
 	must(t, syscall.Stat(p, &st))
 	if st.Mode&07777 != 0o6777 {
 		t.Errorf("root's write changed the mode to %o", st.Mode&07777)
+	}
+}
+
+// The caller's umask applies once: umask 002 gives group-writable files.
+func testCallerUmask(t *testing.T, dir string) {
+	out := sh(t, dir, "umask 002 && touch f && mkdir d && stat -c '%a' f d | tr '\\n' ' ' && umask 077 && touch g && stat -c %a g")
+	if strings.Fields(out)[0] != "664" || strings.Fields(out)[1] != "775" || strings.Fields(out)[2] != "600" {
+		t.Errorf("modes under umask 002 and 077: %q, want 664 775 600", out)
 	}
 }

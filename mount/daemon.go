@@ -189,6 +189,11 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.setPhase("mounting")
+	// The kernel applies the caller's umask before a create reaches the
+	// daemon; the daemon's own umask must not mask it a second time (a
+	// caller with umask 002 must get group-writable files). Every file the
+	// daemon makes for itself names its mode explicitly.
+	syscall.Umask(0)
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
 		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws,
