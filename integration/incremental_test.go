@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -48,7 +49,7 @@ func startCountingProxy(t *testing.T, target string) *countingProxy {
 					cp.copies++
 				} else {
 					cp.puts++
-					cp.putBytes += cr.n
+					cp.putBytes += cr.n.Load()
 					cp.putKeys = append(cp.putKeys, r.URL.Path)
 				}
 				cp.mu.Unlock()
@@ -61,14 +62,16 @@ func startCountingProxy(t *testing.T, target string) *countingProxy {
 	return cp
 }
 
+// countReader counts body bytes; the proxy's transport reads the body in
+// its own goroutine, hence the atomic.
 type countReader struct {
 	r io.ReadCloser
-	n int64
+	n atomic.Int64
 }
 
 func (c *countReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 func (c *countReader) Close() error { return c.r.Close() }
