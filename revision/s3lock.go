@@ -91,12 +91,19 @@ func (s *S3Store) takeOver(ctx context.Context, rec lockRecord) (string, error) 
 	if err != nil {
 		return "", s.conflict(err.Error())
 	}
+	if cur.Token == rec.Token {
+		// Our own create, retried by the SDK after a lost response.
+		return etag, nil
+	}
 	age := s.Now().Sub(time.UnixMilli(cur.UpdatedAt))
 	if age < s.LockStale {
 		return "", s.conflict(fmt.Sprintf("%s refreshed %s ago", s.key(lockKey), age.Truncate(time.Second)))
 	}
 	etag, err = s.putLock(ctx, rec, etag)
 	if errors.Is(err, ErrPrecondition) {
+		if cur, etag, rerr := s.readLock(ctx); rerr == nil && cur.Token == rec.Token {
+			return etag, nil // our takeover landed; its retry failed
+		}
 		return "", s.conflict("another writer took over the stale lock first")
 	}
 	return etag, err

@@ -101,7 +101,17 @@ func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	}
 	out, err := s.Client.PutObject(ctx, in)
 	if err != nil {
-		return "", s.wrap("put", *in.Key, err)
+		err = s.wrap("put", *in.Key, err)
+		if errors.Is(err, ErrPrecondition) {
+			// The SDK retries a PUT whose response was lost; if the first
+			// attempt landed, the retry fails its own precondition. That
+			// is our publication, not another writer's: the index holds
+			// exactly our bytes.
+			if cur, etag, gerr := s.ReadIndex(ctx); gerr == nil && bytes.Equal(cur, data) {
+				return etag, nil
+			}
+		}
+		return "", err
 	}
 	return aws.ToString(out.ETag), nil
 }
