@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -50,28 +49,33 @@ func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (d *discardWriter) WriteHeader(int)             {}
 
-// A publication whose response is lost, retried by the SDK, is recognised
-// as our own: the save succeeds and its artifact is kept.
-func TestS3LostPublishResponse(t *testing.T) {
-	srv := startS3(t, false)
-	e := newS3Env(t, srv)
-	endpoint, dropped := lostResponseProxy(t, srv.endpoint, "/workspace.json")
-	e.storeArgs = []string{"--s3-endpoint", endpoint, "--s3-path-style"}
-	mp := e.mount("lost-response")
-	sh(t, mp, "echo durable > f")
-	r := e.unmount(mp)
-	if dropped.Load() != 1 {
-		t.Fatalf("the proxy dropped %d responses", dropped.Load())
-	}
-	if r.code != 0 {
-		t.Fatalf("save with a lost publish response: %s", r)
-	}
-	rev := strings.TrimSpace(r.stdout)
-	idx := readIndex(t, e, "lost-response")
-	if idx.Current != rev {
-		t.Fatalf("current %s, want %s", idx.Current, rev)
-	}
-	if _, err := os.Stat(filepath.Join(e.storeD, "lost-response", "revisions", rev, "files", "f")); err != nil {
-		t.Fatalf("the published revision's artifact is gone: %v", err)
+// A write whose response is lost, retried by the SDK, is recognised as our
+// own: the save succeeds, and the published revision is complete. Both the
+// index publication and an artifact object are checked.
+func TestS3LostWriteResponse(t *testing.T) {
+	for _, suffix := range []string{"/workspace.json", "/files/f"} {
+		t.Run(strings.TrimPrefix(suffix, "/"), func(t *testing.T) {
+			srv := startS3(t, false)
+			e := newS3Env(t, srv)
+			endpoint, dropped := lostResponseProxy(t, srv.endpoint, suffix)
+			e.storeArgs = []string{"--s3-endpoint", endpoint, "--s3-path-style"}
+			mp := e.mount("lost-response")
+			sh(t, mp, "echo durable > f")
+			r := e.unmount(mp)
+			if dropped.Load() != 1 {
+				t.Fatalf("the proxy dropped %d responses", dropped.Load())
+			}
+			if r.code != 0 {
+				t.Fatalf("save with a lost response: %s", r)
+			}
+			rev := strings.TrimSpace(r.stdout)
+			idx := readIndex(t, e, "lost-response")
+			if idx.Current != rev {
+				t.Fatalf("current %s, want %s", idx.Current, rev)
+			}
+			if got := readFile(t, filepath.Join(e.storeD, "lost-response", "revisions", rev, "files", "f")); got != "durable\n" {
+				t.Fatalf("the published revision's file holds %q", got)
+			}
+		})
 	}
 }

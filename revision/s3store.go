@@ -3,6 +3,8 @@ package revision
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -305,6 +307,23 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return st.put(ctx, key, bytes.NewReader(data), size)
 }
 
+// holdsOurBytes reports whether the object at key is exactly body: same
+// size, and an ETag equal to body's MD5 (as S3 sets for a single PUT).
+func (st *s3Stager) holdsOurBytes(ctx context.Context, key string, body io.ReadSeeker, size int64) bool {
+	head, err := st.s.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key)})
+	if err != nil || aws.ToInt64(head.ContentLength) != size {
+		return false
+	}
+	if _, err := body.Seek(0, io.SeekStart); err != nil {
+		return false
+	}
+	h := md5.New()
+	if _, err := io.Copy(h, body); err != nil {
+		return false
+	}
+	return strings.Trim(aws.ToString(head.ETag), `"`) == hex.EncodeToString(h.Sum(nil))
+}
+
 // Objects larger than multipartThreshold upload in parallel parts.
 const (
 	multipartThreshold = 64 << 20
@@ -320,6 +339,12 @@ func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, siz
 		ContentLength: aws.Int64(size), IfNoneMatch: aws.String("*")})
 	if err != nil {
 		if s3p.IsPrecondition(err) {
+			if st.holdsOurBytes(ctx, key, body, size) {
+				// Our own PUT landed and the SDK's retry of it failed
+				// its precondition.
+				st.record(key, size)
+				return nil
+			}
 			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
 		}
 		return st.s.wrap("put", key, err)
