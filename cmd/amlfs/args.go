@@ -19,15 +19,20 @@ func interspersed(app *cli.App, args []string) []string {
 	flags := app.Flags
 	cmds := app.Commands
 	// Global flags, then the command chain.
+	// flag moves the flag at args[i], and its value if it takes one, to out.
+	flag := func() {
+		a := args[i]
+		out = append(out, a)
+		i++
+		if takesValue(flags, a) && i < len(args) {
+			out = append(out, args[i])
+			i++
+		}
+	}
 	for i < len(args) {
 		a := args[i]
 		if strings.HasPrefix(a, "-") {
-			out = append(out, a)
-			i++
-			if takesValue(flags, a) && i < len(args) {
-				out = append(out, args[i])
-				i++
-			}
+			flag()
 			continue
 		}
 		var next *cli.Command
@@ -51,12 +56,7 @@ func interspersed(app *cli.App, args []string) []string {
 			break
 		}
 		if strings.HasPrefix(a, "-") && a != "-" {
-			out = append(out, a)
-			i++
-			if takesValue(flags, a) && i < len(args) {
-				out = append(out, args[i])
-				i++
-			}
+			flag()
 			continue
 		}
 		pos = append(pos, a)
