@@ -116,6 +116,12 @@ func (l *fsLease) touch() error {
 	if err := syscall.Stat(l.path, &st); err != nil {
 		return err
 	}
+	// Remember the mtime as the filesystem stored it (its granularity may
+	// be coarser than ours), but only if it is the one just set: a foreign
+	// touch between our write and this read must not be adopted as ours.
+	if d := time.Unix(st.Mtim.Unix()).Sub(now); d > 2*time.Second || d < -2*time.Second {
+		return amlerr.New(amlerr.LockLost, l.path, "lock was touched by another writer while refreshing")
+	}
 	l.mu.Lock()
 	l.mtime = st.Mtim
 	l.mu.Unlock()
