@@ -82,13 +82,20 @@ func (cp *countingProxy) reset() {
 	cp.mu.Unlock()
 }
 
-// After changing 1 file of 10,000, the save uploads only that file's bytes
-// (plus the manifest and index); the rest is copied server-side.
-func TestS3IncrementalSave(t *testing.T) {
+// proxiedS3Env is an S3 env whose amlfs reaches a fresh versitygw through a
+// counting proxy.
+func proxiedS3Env(t *testing.T) (*s3Server, *countingProxy, *env) {
 	srv := startS3(t, false)
 	proxy := startCountingProxy(t, srv.endpoint)
 	e := newS3Env(t, srv)
 	e.storeArgs = []string{"--s3-endpoint", proxy.endpoint, "--s3-path-style"}
+	return srv, proxy, e
+}
+
+// After changing 1 file of 10,000, the save uploads only that file's bytes
+// (plus the manifest and index); the rest is copied server-side.
+func TestS3IncrementalSave(t *testing.T) {
+	srv, proxy, e := proxiedS3Env(t)
 	mp := e.mount("inc")
 	const n = 10000
 	sh(t, mp, fmt.Sprintf(`for d in $(seq 0 99); do mkdir d$d; for f in $(seq 0 99); do echo "file $d/$f" > d$d/f$f.txt; done; done; test $(find . -type f | wc -l) = %d`, n))

@@ -15,10 +15,7 @@ import (
 // fetched: stat works at once, and reading any file returns its exact
 // bytes, fetched on first open.
 func TestS3LazyRestore(t *testing.T) {
-	srv := startS3(t, false)
-	proxy := startCountingProxy(t, srv.endpoint)
-	e := newS3Env(t, srv)
-	e.storeArgs = []string{"--s3-endpoint", proxy.endpoint, "--s3-path-style"}
+	srv, proxy, e := proxiedS3Env(t)
 	mp := e.mount("lazy")
 	// 100 dirs x 100 files of 20 KB each = 200 MB, plus a checksum list.
 	sh(t, mp, `for d in $(seq 0 99); do mkdir d$d; for f in $(seq 0 99); do head -c 20000 /dev/urandom > d$d/f$f; done; done; find . -type f | sort | xargs sha256sum > ../lazy.sums`)
@@ -89,9 +86,7 @@ func TestLazyRestoreSurvivesCrash(t *testing.T) {
 	}
 	mp = e.mount("lc", "--prefetch", "0", "--no-lock")
 	sh(t, mp, "chmod 600 b && echo new > c") // b stays a placeholder
-	st := e.amlfs("status", mp, "--json")
-	syscall.Kill(jsonInt(t, st.stdout, "pid"), syscall.SIGKILL)
-	waitFor(t, func() bool { _, err := os.Stat(mp); return err != nil })
+	e.crash(mp)
 	r := e.mountAt(mp, "lc", "--prefetch", "0", "--no-lock")
 	if r.code != 0 {
 		t.Fatalf("remount: %s", r)

@@ -249,16 +249,7 @@ func TestStaleMountAfterCrash(t *testing.T) {
 	e := newEnv(t)
 	mp := e.mount("crash")
 	sh(t, mp, "echo unsaved > u && sync")
-	st := e.amlfs("status", mp, "--json")
-	pid := jsonInt(t, st.stdout, "pid")
-	syscall.Kill(pid, syscall.SIGKILL)
-	waitFor(t, func() bool {
-		_, err := os.Stat(mp)
-		return err != nil
-	})
-	if _, err := os.Stat(mp); !strings.Contains(fmt.Sprint(err), "not connected") {
-		t.Fatalf("expected a dead mount, got %v", err)
-	}
+	e.crash(mp)
 	// The dead process's lock is fresh, so a locked mount conflicts; the
 	// dead mount is cleaned and the unsaved tree resumed either way.
 	r := e.mountAt(mp, "crash", "--no-lock")
@@ -267,6 +258,18 @@ func TestStaleMountAfterCrash(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(mp, "u")); string(got) != "unsaved\n" {
 		t.Errorf("unsaved file after crash: %q", got)
+	}
+}
+
+// crash kills the daemon serving mp with SIGKILL and waits for the dead
+// mount it leaves ("transport endpoint is not connected").
+func (e *env) crash(mp string) {
+	e.t.Helper()
+	st := e.amlfs("status", mp, "--json")
+	syscall.Kill(jsonInt(e.t, st.stdout, "pid"), syscall.SIGKILL)
+	waitFor(e.t, func() bool { _, err := os.Stat(mp); return err != nil })
+	if _, err := os.Stat(mp); !strings.Contains(fmt.Sprint(err), "not connected") {
+		e.t.Fatalf("expected a dead mount, got %v", err)
 	}
 }
 

@@ -299,9 +299,9 @@ func (w *Workspace) Prefetch(ctx context.Context, workers int) {
 	wg.Wait()
 }
 
-// ensureAll fetches every pending file under dir (for an archive save,
+// ensureAll fetches every pending file among entries (for an archive save,
 // which reads everything).
-func (w *Workspace) ensureAll(ctx context.Context, dir string, entries []TreeEntry) error {
+func (w *Workspace) ensureAll(ctx context.Context, entries []TreeEntry) error {
 	for _, te := range entries {
 		if te.Type == TypeFile {
 			if err := w.Ensure(ctx, te.Path); err != nil {

@@ -446,7 +446,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		}
 	}()
 	if entry.Format == FormatArchive {
-		if err := w.ensureAll(ctx, dir, entries); err != nil {
+		if err := w.ensureAll(ctx, entries); err != nil {
 			return up, err
 		}
 		pr, pw := io.Pipe()
