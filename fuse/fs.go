@@ -36,7 +36,8 @@ type Options struct {
 	Debug   bool
 	Log     *slog.Logger
 	// Content, if set, is asked to make a file's bytes present before the
-	// file is opened or resized (lazy restore).
+	// file is opened or resized, and a directory's entries present before
+	// anything looks inside or changes it (lazy restore).
 	Content Content
 }
 
@@ -45,6 +46,8 @@ type Content interface {
 	// Ensure blocks until the file at rel (relative to the root) holds
 	// its real bytes.
 	Ensure(ctx context.Context, rel string) error
+	// EnsureDir blocks until the directory at rel holds all its entries.
+	EnsureDir(ctx context.Context, rel string) error
 }
 
 // FS is a mounted workspace.

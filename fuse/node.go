@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"context"
+	"path"
 	"strings"
 	"syscall"
 
@@ -68,6 +69,9 @@ func (n *node) Write(ctx context.Context, f gofs.FileHandle, data []byte, off in
 var _ = (gofs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Create(ctx, name, flags, mode, out)
 }
@@ -75,6 +79,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 var _ = (gofs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
 }
@@ -82,6 +89,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 var _ = (gofs.NodeMknoder)((*node)(nil))
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
 }
@@ -89,6 +99,9 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 var _ = (gofs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Symlink(ctx, target, name, out)
 }
@@ -96,6 +109,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 var _ = (gofs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, errno
+	}
 	defer n.mutate()()
 	if t, ok := target.(*node); ok {
 		target = t.LoopbackNode
@@ -106,6 +122,9 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 var _ = (gofs.NodeUnlinker)((*node)(nil))
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Unlink(ctx, name)
 }
@@ -113,6 +132,13 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return errno
+	}
+	// An unpopulated directory is empty on disk but not in the revision.
+	if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
+		return errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Rmdir(ctx, name)
 }
@@ -120,10 +146,24 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRenamer)((*node)(nil))
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	defer n.mutate()()
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return errno
+	}
 	if p, ok := newParent.(*node); ok {
+		// Both parents, and a directory moved or replaced, must be
+		// whole before they change.
+		if errno := p.ensureDir(ctx); errno != 0 {
+			return errno
+		}
+		if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
+			return errno
+		}
+		if errno := n.ensureChildDir(ctx, p, newName); errno != 0 {
+			return errno
+		}
 		newParent = p.LoopbackNode
 	}
+	defer n.mutate()()
 	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
 }
 
@@ -157,6 +197,53 @@ func (n *node) ensure(ctx context.Context) syscall.Errno {
 	}
 	rel := n.Path(nil)
 	return ToErrno(n.fs.log, "fetch", rel, n.fs.content.Ensure(ctx, rel))
+}
+
+// ensureDir has the content provider make a lazily restored directory's
+// entries before anything looks inside or changes it.
+func (n *node) ensureDir(ctx context.Context) syscall.Errno {
+	if n.fs.content == nil {
+		return 0
+	}
+	rel := n.Path(nil)
+	return ToErrno(n.fs.log, "populate", rel, n.fs.content.EnsureDir(ctx, rel))
+}
+
+// ensureChildDir does ensureDir for parent's child name, if it is a
+// directory.
+func (n *node) ensureChildDir(ctx context.Context, parent *node, name string) syscall.Errno {
+	if n.fs.content == nil {
+		return 0
+	}
+	rel := path.Join(parent.Path(nil), name)
+	return ToErrno(n.fs.log, "populate", rel, n.fs.content.EnsureDir(ctx, rel))
+}
+
+var _ = (gofs.NodeLookuper)((*node)(nil))
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Lookup(ctx, name, out)
+}
+
+var _ = (gofs.NodeOpendirHandler)((*node)(nil))
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, 0, errno
+	}
+	return n.LoopbackNode.OpendirHandle(ctx, flags)
+}
+
+var _ = (gofs.NodeReaddirer)((*node)(nil))
+
+func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, errno
+	}
+	return n.LoopbackNode.Readdir(ctx)
 }
 
 // internalXattr names amlfs's own markers in the working tree; the mount
@@ -235,6 +322,9 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn ui
 var _ = (gofs.NodeTmpfiler)((*node)(nil))
 
 func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if errno := n.ensureDir(ctx); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
 }

@@ -224,7 +224,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 			if _, err := os.Stat(d.workDir); err == nil {
 				d.notify("resuming unsaved work left by an earlier run (pid %d, based on revision %q) in %s; it will be saved as a new revision", prev.PID, prev.BaseRev, d.workDir)
 				d.baseRev, d.baseMark = prev.BaseRev, -1
-				if n, err := d.ws.ResumePending(d.workDir); err != nil {
+				if n, err := d.ws.ResumePending(d.workDir, cfg.Selection()); err != nil {
 					return err
 				} else if n > 0 {
 					d.log.Info("the resumed tree has files whose bytes are still to be fetched", "files", n)

@@ -42,6 +42,7 @@ type lazyState struct {
 	pending  map[uint64]pendingFile // GUARDED_BY(mu): by inode
 	bytes    int64                  // GUARDED_BY(mu): bytes still pending
 	inflight map[uint64]*fetchCall  // GUARDED_BY(mu)
+	dirs     *dirSet                // directories still to populate (lazydir.go)
 }
 
 type fetchCall struct {
@@ -53,31 +54,63 @@ func newLazy(dir string) *lazyState {
 	return &lazyState{dir: dir, pending: map[uint64]pendingFile{}, inflight: map[uint64]*fetchCall{}}
 }
 
-// addPlaceholder creates the placeholder for te, whose bytes are at key.
-func (l *lazyState) addPlaceholder(m *materializer, te TreeEntry, key string) error {
-	f, err := m.create(m.target(te.Path))
+// addPlaceholder creates the placeholder for te at dst, whose bytes are at
+// key, and returns its stamp. The placeholder appears at dst complete, with
+// its size, mode and marker (made as an O_TMPFILE, then linked), so a crash
+// never leaves a half-made one that could pass for real content. If dst
+// exists already and is this placeholder (an interrupted population made
+// it), it is taken as is; anything else there is left alone. Raw syscalls:
+// an *os.File would register each descriptor with the runtime poller,
+// which costs more than the placeholder itself.
+func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp, error) {
+	fd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.ENOENT) {
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return stamp{}, err
+		}
+		fd, err = unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	}
 	if err != nil {
-		return err
+		return stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
 	}
-	defer f.Close()
-	if err := f.Truncate(te.Size); err != nil {
-		return err
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, te.Size); err != nil {
+		return stamp{}, &os.PathError{Op: "truncate", Path: dst, Err: err}
 	}
-	if err := unix.Fsetxattr(int(f.Fd()), PendingXattr, []byte(key), 0); err != nil {
-		return fmt.Errorf("mark placeholder %s: %w", te.Path, err)
+	if err := unix.Fsetxattr(fd, PendingXattr, []byte(key), 0); err != nil {
+		return stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
 	}
-	if err := f.Chmod(os.FileMode(te.Mode)); err != nil {
-		return err
+	if err := unix.Fchmod(fd, te.Mode&0o777); err != nil {
+		return stamp{}, &os.PathError{Op: "chmod", Path: dst, Err: err}
 	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return err
+	err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW)
+	var st unix.Stat_t
+	switch {
+	case err == nil:
+		if err := unix.Fstat(fd, &st); err != nil {
+			return stamp{}, err
+		}
+	case errors.Is(err, unix.EEXIST):
+		buf := make([]byte, len(key)+1)
+		n, xerr := unix.Lgetxattr(dst, PendingXattr, buf)
+		if xerr != nil || string(buf[:n]) != key {
+			return stamp{}, nil // not ours: leave it
+		}
+		if err := unix.Lstat(dst, &st); err != nil {
+			return stamp{}, err
+		}
+	default:
+		return stamp{}, &os.PathError{Op: "link", Path: dst, Err: err}
 	}
 	l.mu.Lock()
+	if old, ok := l.pending[st.Ino]; ok {
+		l.bytes -= old.size
+	}
 	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path}
 	l.bytes += te.Size
 	l.mu.Unlock()
-	return nil
+	return stamp{ino: st.Ino, size: uint64(st.Size),
+		mtime: syscall.Timespec(st.Mtim), ctime: syscall.Timespec(st.Ctim)}, nil
 }
 
 // validPendingKey checks a key read back from a placeholder's xattr.
@@ -88,12 +121,27 @@ func validPendingKey(key string) bool {
 
 // scanPending rebuilds the pending set of a working tree from placeholder
 // xattrs, after a crash.
-func scanPending(dir string) (*lazyState, error) {
+func scanPending(dir string, sel Selection) (*lazyState, error) {
 	l := newLazy(dir)
+	l.dirs = newDirSet(sel)
 	buf := make([]byte, 4096)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
+		if err != nil {
 			return err
+		}
+		if d.IsDir() {
+			n, err := unix.Lgetxattr(p, PendingDirXattr, buf)
+			if err != nil {
+				return nil // populated (ENODATA)
+			}
+			rev, orig, ok := cutNul(string(buf[:n]))
+			if !ok || !validPendingKey(rev+"files") || !strings.HasSuffix(rev, "/") || (orig != "" && ValidPath(orig) != nil) {
+				return amlerr.New(amlerr.InvalidStore, p, "bad pending directory marker %q", buf[:n])
+			}
+			return l.dirs.markDir(p, orig, rev)
+		}
+		if !d.Type().IsRegular() {
+			return nil
 		}
 		n, err := unix.Lgetxattr(p, PendingXattr, buf)
 		if err != nil {
@@ -122,8 +170,14 @@ func (w *Workspace) Pending() (files int, bytes int64) {
 		return 0, 0
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.pending), l.bytes
+	files, bytes = len(l.pending), l.bytes
+	l.mu.Unlock()
+	if l.dirs != nil {
+		f, b := l.dirs.unmade()
+		files += f
+		bytes += b
+	}
+	return files, bytes
 }
 
 func (w *Workspace) lazyState() *lazyState {
@@ -134,8 +188,8 @@ func (w *Workspace) lazyState() *lazyState {
 
 // ResumePending finds the placeholders a crashed run left in dir, so that
 // their bytes are fetched before anyone reads or saves them.
-func (w *Workspace) ResumePending(dir string) (int, error) {
-	l, err := scanPending(dir)
+func (w *Workspace) ResumePending(dir string, sel Selection) (int, error) {
+	l, err := scanPending(dir, sel)
 	if err != nil {
 		return 0, err
 	}
@@ -258,6 +312,9 @@ func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path s
 func (w *Workspace) Prefetch(ctx context.Context, workers int) {
 	l := w.lazyState()
 	if l == nil || workers <= 0 {
+		return
+	}
+	if err := w.populateAll(ctx); err != nil {
 		return
 	}
 	l.mu.Lock()

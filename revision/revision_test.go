@@ -614,7 +614,17 @@ func TestLazyRestore(t *testing.T) {
 	if _, err := w.Restore(ctx, "current", dst, Selection{}); err != nil {
 		t.Fatal(err)
 	}
-	// The tree, sizes and modes are there at once; the bytes are not.
+	// The directories are there at once; their files are made on first
+	// use of each directory.
+	if des, err := os.ReadDir(filepath.Join(dst, "a")); err != nil || len(des) != 0 {
+		t.Fatalf("a/ before first use: %v %v", des, err)
+	}
+	for _, d := range []string{"a", "b", "empty", "a"} {
+		if err := w.EnsureDir(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Then the files, sizes and modes are there; the bytes are not.
 	if n, b := w.Pending(); n != 3 || b != 3+11+5000 {
 		t.Fatalf("pending %d files, %d bytes", n, b)
 	}
@@ -653,7 +663,7 @@ func TestLazyRestore(t *testing.T) {
 	}
 	// "Crash": a fresh workspace finds the remaining placeholder by xattr.
 	w2 := openWS(t, base, "lazy2", Options{NoLock: true})
-	if n, err := w2.ResumePending(dst); err != nil || n != 1 {
+	if n, err := w2.ResumePending(dst, Selection{}); err != nil || n != 1 {
 		t.Fatalf("resume: %d %v", n, err)
 	}
 	w.Prefetch(ctx, 2)
@@ -709,7 +719,11 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 	if _, err := w.Restore(ctx, "current", dst, Selection{}); err != nil {
 		t.Fatal(err)
 	}
-	// Writes reach the working dir through the mount, which fetches first.
+	// Writes reach the working dir through the mount, which populates the
+	// directory and fetches the file first.
+	if err := w.EnsureDir(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.Ensure(ctx, "x.txt"); err != nil {
 		t.Fatal(err)
 	}
@@ -736,5 +750,117 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 	}
 	if n, _ := w.Pending(); n != 0 {
 		t.Errorf("%d placeholders could not be fetched after pruning", n)
+	}
+}
+
+// A directory not yet populated survives a crash and a move of its parent:
+// the next run finds it by its marker and makes the placeholders of the
+// directory's manifest path at wherever it is now, and a save after that
+// holds every file with its bytes.
+func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"top.txt": "top", "p/q/deep.txt": "deep bytes", "p/q/r/deeper.txt": "deeper", "p/side.txt": "side"})
+	w := openWS(t, base, "lazydir", Options{LazyRestore: true, Retention: 3})
+	if _, err := w.Save(ctx, src, Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.EnsureDir(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	// p is whole, so moving p/q is allowed (the mount populates the
+	// moved directory itself first; a move of an ancestor does not).
+	if err := os.Rename(filepath.Join(dst, "p"), filepath.Join(dst, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	w.Close(ctx)
+
+	// "Crash": a fresh workspace finds what is left to do by its markers.
+	w2 := openWS(t, base, "lazydir", Options{NoLock: true})
+	if _, err := w2.ResumePending(dst, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"", "moved", "moved/q", "moved/q/r"} {
+		if err := w2.EnsureDir(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 200)
+		if _, err := unix.Lgetxattr(filepath.Join(dst, d), PendingDirXattr, buf); err == nil {
+			t.Errorf("%q still marked after EnsureDir", d)
+		}
+	}
+	want := map[string]string{"top.txt": "top", "moved/q/deep.txt": "deep bytes", "moved/q/r/deeper.txt": "deeper", "moved/side.txt": "side"}
+	for p, content := range want {
+		if err := w2.Ensure(ctx, p); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != content {
+			t.Errorf("%s = %q, want %q", p, got, content)
+		}
+	}
+	if _, err := w2.Save(ctx, dst, Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	check := filepath.Join(t.TempDir(), "c")
+	w3 := openWS(t, base, "lazydir", Options{NoLock: true})
+	if _, err := w3.Restore(ctx, "current", check, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	for p, content := range want {
+		if got, _ := os.ReadFile(filepath.Join(check, p)); string(got) != content {
+			t.Errorf("saved %s = %q, want %q", p, got, content)
+		}
+	}
+}
+
+// Population never replaces a file it did not make, and an interrupted
+// population is finished without duplicating or clobbering.
+func TestLazyPopulationIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	base, src := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"d/a.txt": "aaa", "d/b.txt": "bbbb"})
+	w := openWS(t, base, "idem", Options{LazyRestore: true})
+	if _, err := w.Save(ctx, src, Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.EnsureDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	// Put the marker back, as if the run had died before clearing it, and
+	// replace b.txt with a file that is not a placeholder.
+	var rev string
+	for _, e := range w.Index().Revisions {
+		rev = e.Path
+	}
+	if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr, []byte(rev+"\x00d"), 0); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dst, "d/b.txt"))
+	os.WriteFile(filepath.Join(dst, "d/b.txt"), []byte("mine"), 0o644)
+	w2 := openWS(t, base, "idem", Options{NoLock: true})
+	if _, err := w2.ResumePending(dst, Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.EnsureDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := w2.Pending(); n != 1 {
+		t.Errorf("pending %d, want 1 (a.txt)", n)
+	}
+	if err := w2.Ensure(ctx, "d/a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"d/a.txt": "aaa", "d/b.txt": "mine"} {
+		if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
+			t.Errorf("%s = %q, want %q", p, got, want)
+		}
 	}
 }

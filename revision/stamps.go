@@ -25,10 +25,11 @@ type baseFile struct {
 // baseTree is the tree a working directory was restored from or last
 // saved as.
 type baseTree struct {
-	dir   string
-	rev   string // the revision the keys point into
-	mu    sync.Mutex
-	files map[string]baseFile // GUARDED_BY(mu): by revision path
+	dir     string
+	rev     string // the revision the keys point into
+	revPath string // its artifact path
+	mu      sync.Mutex
+	files   map[string]baseFile // GUARDED_BY(mu): by revision path
 }
 
 // refresh updates p's stamp after its bytes were fetched in place, if p is
@@ -73,7 +74,7 @@ func (b *baseTree) reusable(dir, p string) (string, stamp, bool) {
 // revision e.
 func recordTree(dir string, e Entry, entries []TreeEntry) *baseTree {
 	revPath := e.Path
-	b := &baseTree{dir: dir, rev: e.ID, files: make(map[string]baseFile, len(entries))}
+	b := &baseTree{dir: dir, rev: e.ID, revPath: e.Path, files: make(map[string]baseFile, len(entries))}
 	for _, e := range entries {
 		if e.Type != TypeFile {
 			continue
@@ -83,4 +84,14 @@ func recordTree(dir string, e Entry, entries []TreeEntry) *baseTree {
 		}
 	}
 	return b
+}
+
+// add records a file made after the base was taken (a lazily populated
+// placeholder), if the base is still revision rev's tree.
+func (b *baseTree) add(p string, f baseFile, revPath string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.revPath == revPath {
+		b.files[p] = f
+	}
 }

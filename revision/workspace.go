@@ -195,6 +195,7 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 	var lazy *lazyState
 	if w.opts.LazyRestore && e.Format == FormatFolder {
 		lazy = newLazy(dir)
+		lazy.dirs = newDirSet(sel)
 	}
 	restored, err := w.restoreInto(ctx, e, tmp, sel, lazy)
 	if err != nil {
@@ -253,6 +254,14 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 			}
 		}
 	}
+	if lazy != nil {
+		// Files are made on first use of their directory (lazydir.go).
+		prog.files.Add(nfiles)
+		if err := lazy.dirs.deferFiles(dir, e.Path, entries); err != nil {
+			return nil, err
+		}
+		return entries, mat.finish()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(restoreParallel)
 	for _, te := range entries {
@@ -264,16 +273,11 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 		}
 		key := e.Path + "files/" + te.Path
 		g.Go(func() error {
-			var err error
-			if lazy != nil {
-				err = lazy.addPlaceholder(&mat, te, key)
-			} else {
-				err = w.restoreFile(gctx, &mat, key, te, prog)
+			if err := w.restoreFile(gctx, &mat, key, te, prog); err != nil {
+				return err
 			}
-			if err == nil {
-				prog.fileDone()
-			}
-			return err
+			prog.fileDone()
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -344,7 +348,11 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 			return fail(err)
 		}
 	}
-	// 1. Snapshot. 2. Limits.
+	// 1. Snapshot (of the whole tree: lazily restored directories get
+	// their placeholders first). 2. Limits.
+	if err := w.populateAll(ctx); err != nil {
+		return fail(err)
+	}
 	entries, err := Snapshot(dir, sel)
 	if err != nil {
 		return fail(err)
@@ -393,7 +401,7 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	w.index, w.version = next, ver
 	if entry.Format == FormatFolder {
-		w.setBase(&baseTree{dir: dir, rev: entry.ID, files: up.stamps})
+		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
 	} else {
 		w.setBase(nil)
 	}

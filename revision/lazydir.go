@@ -1,0 +1,267 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+)
+
+// Lazy directories. A lazy restore makes only the directories before the
+// mount is ready; a directory's file placeholders are made the first time
+// anything looks inside it (the FUSE layer calls EnsureDir before every
+// lookup, listing or change in a directory), by the background prefetch,
+// and before any save. So a ready mount costs one mkdir per directory, not
+// one create per file.
+//
+// A directory whose placeholders are not made yet carries PendingDirXattr,
+// holding the path of the folder revision it comes from and, after a NUL,
+// the directory's manifest path (it may have moved since); its
+// placeholders' keys are the revision path plus "files/" plus their
+// manifest paths.
+// The marker is removed only once every placeholder is in place, so after a
+// crash the next mount finds exactly the directories still to populate.
+// Nothing but population ever creates an entry in a marked directory,
+// because every operation in it waits for population first.
+
+// PendingDirXattr marks a directory whose placeholders are still to be made.
+const PendingDirXattr = "user.amlfs.pendingdir"
+
+type pendingDir struct {
+	rev      string // folder revision path, "revisions/<seg>/"
+	origPath string // the directory's manifest path ("" for the root)
+}
+
+// dirSet is the lazy state of directories.
+type dirSet struct {
+	mu    sync.Mutex
+	dirs  map[uint64]pendingDir  // GUARDED_BY(mu): by inode
+	calls map[uint64]*fetchCall  // GUARDED_BY(mu)
+	files map[string][]TreeEntry // GUARDED_BY(mu): rev + "\x00" + dir -> its files
+	revs  map[string]bool        // GUARDED_BY(mu): revisions loaded into files
+	sel   Selection
+	n     atomic.Int64 // len(dirs), read without mu on every FUSE call
+}
+
+func newDirSet(sel Selection) *dirSet {
+	return &dirSet{dirs: map[uint64]pendingDir{}, calls: map[uint64]*fetchCall{},
+		files: map[string][]TreeEntry{}, revs: map[string]bool{}, sel: sel}
+}
+
+// unmade counts the files of pending directories whose revision's
+// manifest is loaded (after a crash, it is read again on first use).
+func (d *dirSet) unmade() (files int, bytes int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, pd := range d.dirs {
+		for _, te := range d.files[pd.rev+"\x00"+pd.origPath] {
+			files++
+			bytes += te.Size
+		}
+	}
+	return files, bytes
+}
+
+// load indexes a manifest's files by parent directory. Must hold d.mu.
+func (d *dirSet) load(rev string, entries []TreeEntry) {
+	if d.revs[rev] {
+		return
+	}
+	d.revs[rev] = true
+	for _, te := range entries {
+		if te.Type == TypeFile {
+			k := rev + "\x00" + parentDir(te.Path)
+			d.files[k] = append(d.files[k], te)
+		}
+	}
+}
+
+func parentDir(p string) string {
+	if dir := path.Dir(p); dir != "." {
+		return dir
+	}
+	return ""
+}
+
+// markDir records dir (absolute, at manifest path orig) as pending.
+func (d *dirSet) markDir(dir, orig, rev string) error {
+	if err := unix.Lsetxattr(dir, PendingDirXattr, []byte(rev+"\x00"+orig), 0); err != nil {
+		return fmt.Errorf("mark directory %s: %w", dir, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(dir, &st); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	if _, ok := d.dirs[st.Ino]; !ok {
+		d.n.Add(1)
+	}
+	d.dirs[st.Ino] = pendingDir{rev: rev, origPath: orig}
+	d.mu.Unlock()
+	return nil
+}
+
+// deferFiles marks, after a lazy restore into root, every directory that
+// will hold files; entries are the restored (selected) entries of rev.
+func (d *dirSet) deferFiles(root, rev string, entries []TreeEntry) error {
+	d.mu.Lock()
+	d.load(rev, entries)
+	var dirs []string
+	for k := range d.files {
+		if r, dir, _ := cutNul(k); r == rev {
+			dirs = append(dirs, dir)
+		}
+	}
+	d.mu.Unlock()
+	for _, dir := range dirs {
+		abs := filepath.Join(root, filepath.FromSlash(dir))
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return err
+		}
+		if err := d.markDir(abs, dir, rev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func cutNul(k string) (string, string, bool) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == 0 {
+			return k[:i], k[i+1:], true
+		}
+	}
+	return k, "", false
+}
+
+// EnsureDir makes the placeholders of the directory at rel (relative to
+// the working directory) if they are not made yet, blocking until they
+// are. Concurrent callers for one directory share one population.
+func (w *Workspace) EnsureDir(ctx context.Context, rel string) error {
+	l := w.lazyState()
+	if l == nil || l.dirs == nil || l.dirs.n.Load() == 0 {
+		return nil
+	}
+	p := filepath.Join(l.dir, filepath.FromSlash(rel))
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return nil
+	}
+	return w.populate(ctx, l, st.Ino, p)
+}
+
+func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir string) error {
+	d := l.dirs
+	d.mu.Lock()
+	pd, ok := d.dirs[ino]
+	if !ok {
+		d.mu.Unlock()
+		return nil
+	}
+	if c, ok := d.calls[ino]; ok {
+		d.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := &fetchCall{done: make(chan struct{})}
+	d.calls[ino] = c
+	d.mu.Unlock()
+
+	c.err = w.fillDir(context.WithoutCancel(ctx), l, pd, dir)
+	d.mu.Lock()
+	delete(d.calls, ino)
+	if c.err == nil {
+		delete(d.dirs, ino)
+		d.n.Add(-1)
+	}
+	d.mu.Unlock()
+	close(c.done)
+	if c.err != nil {
+		w.log.Error("make placeholders", "dir", dir, "revision", pd.rev, "err", c.err)
+	}
+	return c.err
+}
+
+// fillDir makes the placeholders of one pending directory, then clears its
+// marker.
+func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, dir string) error {
+	d := l.dirs
+	d.mu.Lock()
+	loaded := d.revs[pd.rev]
+	d.mu.Unlock()
+	if !loaded {
+		// Resumed after a crash: read the revision's manifest again.
+		m, err := w.manifest(ctx, Entry{Path: pd.rev, Format: FormatFolder})
+		if err != nil {
+			return err
+		}
+		entries := d.sel.Filter(m.Entries)
+		d.mu.Lock()
+		d.load(pd.rev, entries)
+		d.mu.Unlock()
+	}
+	d.mu.Lock()
+	files := d.files[pd.rev+"\x00"+pd.origPath]
+	d.mu.Unlock()
+	base := w.baseTree()
+	for _, te := range files {
+		key := pd.rev + "files/" + te.Path
+		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key)
+		if err != nil {
+			return err
+		}
+		if stp.ino != 0 && base != nil && base.dir == l.dir {
+			base.add(te.Path, baseFile{stamp: stp, key: key}, pd.rev)
+		}
+	}
+	if err := unix.Lremovexattr(dir, PendingDirXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+		return err
+	}
+	return nil
+}
+
+// populateAll makes every pending directory's placeholders (before a save,
+// which must see the whole tree, or a prefetch).
+func (w *Workspace) populateAll(ctx context.Context) error {
+	l := w.lazyState()
+	if l == nil || l.dirs == nil || l.dirs.n.Load() == 0 {
+		return nil
+	}
+	var first error
+	err := filepath.WalkDir(l.dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || !de.IsDir() {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if syscall.Lstat(p, &st) != nil {
+			return nil
+		}
+		if err := w.populate(ctx, l, st.Ino, p); err != nil && first == nil {
+			first = err
+		}
+		return nil
+	})
+	if err == nil {
+		err = first
+	}
+	if err == nil && l.dirs.n.Load() != 0 {
+		err = fmt.Errorf("%s: %d lazily restored directories could not be found to populate", l.dir, l.dirs.n.Load())
+	}
+	return err
+}
