@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
 )
 
 // Lazy directories. A lazy restore makes only the directories before the
