@@ -11,6 +11,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,16 @@ type Options struct {
 	// file is opened or resized, and a directory's entries present before
 	// anything looks inside or changes it (lazy restore).
 	Content Content
+	// Live are the live mounts grafted onto the tree.
+	Live []Live
+}
+
+// Live is a provider's tree grafted at a path. The workspace directory at
+// that path (made if missing) is hidden beneath it.
+type Live struct {
+	Rel  string // the path below the root, "data" or "mnt/data"
+	Root gofs.InodeEmbedder
+	Attr gofs.StableAttr
 }
 
 // Content makes a file's bytes present in the working directory.
@@ -64,6 +75,14 @@ type FS struct {
 	changes atomic.Int64 // mutations served since mount
 	timeout time.Duration
 	content Content
+
+	liveMu sync.Mutex
+	live   map[string]*liveMount // by Rel
+}
+
+type liveMount struct {
+	Live
+	inode *gofs.Inode // GUARDED_BY(FS.liveMu): once grafted
 }
 
 // DefaultTimeout is the kernel entry/attr cache time.
@@ -81,7 +100,16 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout, content: opts.Content}
+	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout, content: opts.Content,
+		live: map[string]*liveMount{}}
+	for _, l := range opts.Live {
+		// The workspace directory the live mount covers must exist so
+		// that listings show it.
+		if err := os.MkdirAll(filepath.Join(opts.Dir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
+			return nil, err
+		}
+		f.live[l.Rel] = &liveMount{Live: l}
+	}
 	ln := lroot.(*gofs.LoopbackNode)
 	f.root = &node{LoopbackNode: ln, fs: f}
 	ln.RootData.RootNode = f.root

@@ -22,7 +22,11 @@ type node struct {
 var _ = (gofs.NodeWrapChilder)((*node)(nil))
 
 func (n *node) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
-	return &node{LoopbackNode: ops.(*gofs.LoopbackNode), fs: n.fs}
+	ln, ok := ops.(*gofs.LoopbackNode)
+	if !ok {
+		return ops // a live mount's root: its provider's own node
+	}
+	return &node{LoopbackNode: ln, fs: n.fs}
 }
 
 // mutate runs a change under the barrier's read side and records it.
@@ -113,10 +117,11 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 		return nil, errno
 	}
 	defer n.mutate()()
-	if t, ok := target.(*node); ok {
-		target = t.LoopbackNode
+	t, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV // from a live mount
 	}
-	return n.LoopbackNode.Link(ctx, target, name, out)
+	return n.LoopbackNode.Link(ctx, t.LoopbackNode, name, out)
 }
 
 var _ = (gofs.NodeUnlinker)((*node)(nil))
@@ -135,6 +140,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
+	if n.liveChild(name) != nil {
+		return syscall.EBUSY
+	}
 	// An unpopulated directory is empty on disk but not in the revision.
 	if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
 		return errno
@@ -149,22 +157,26 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
-	if p, ok := newParent.(*node); ok {
-		// Both parents, and a directory moved or replaced, must be
-		// whole before they change.
-		if errno := p.ensureDir(ctx); errno != 0 {
-			return errno
-		}
-		if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
-			return errno
-		}
-		if errno := n.ensureChildDir(ctx, p, newName); errno != 0 {
-			return errno
-		}
-		newParent = p.LoopbackNode
+	p, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV // into a live mount
+	}
+	if n.liveChild(name) != nil || p.liveChild(newName) != nil {
+		return syscall.EBUSY
+	}
+	// Both parents, and a directory moved or replaced, must be whole
+	// before they change.
+	if errno := p.ensureDir(ctx); errno != 0 {
+		return errno
+	}
+	if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
+		return errno
+	}
+	if errno := n.ensureChildDir(ctx, p, newName); errno != 0 {
+		return errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Rename(ctx, name, newParent, newName, flags)
+	return n.LoopbackNode.Rename(ctx, name, p.LoopbackNode, newName, flags)
 }
 
 var _ = (gofs.NodeSetattrer)((*node)(nil))
@@ -222,11 +234,46 @@ func (n *node) ensureChildDir(ctx context.Context, parent *node, name string) sy
 var _ = (gofs.NodeLookuper)((*node)(nil))
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if lm := n.liveChild(name); lm != nil {
+		return n.graft(ctx, lm, name, out)
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
 	return n.LoopbackNode.Lookup(ctx, name, out)
 }
+
+// liveChild returns the live mount grafted at n's child name, if any.
+func (n *node) liveChild(name string) *liveMount {
+	if len(n.fs.live) == 0 {
+		return nil
+	}
+	return n.fs.live[path.Join(n.Path(nil), name)]
+}
+
+// graft returns the live mount's root in place of the workspace directory.
+func (n *node) graft(ctx context.Context, lm *liveMount, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ch := func() *gofs.Inode {
+		n.fs.liveMu.Lock()
+		defer n.fs.liveMu.Unlock()
+		if lm.inode == nil {
+			lm.inode = n.NewPersistentInode(ctx, lm.Root, lm.Attr)
+		}
+		return lm.inode
+	}()
+	// Attributes only once the root is part of the tree: a loopback
+	// node finds its path through it.
+	if g, ok := lm.Root.(gofs.NodeGetattrer); ok {
+		var ao fuse.AttrOut
+		if errno := g.Getattr(ctx, nil, &ao); errno != 0 {
+			return nil, errno
+		}
+		out.Attr = ao.Attr
+	}
+	return ch, 0
+}
+
+
 
 var _ = (gofs.NodeOpendirHandler)((*node)(nil))
 

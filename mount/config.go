@@ -53,6 +53,9 @@ type Config struct {
 	// whose conditional writes failed the probe.
 	UnsafeNoConditionalWrites bool
 	Debug                     bool
+	// Mounts are the --mount specs; Live is them parsed by Normalize.
+	Mounts []string
+	Live   []MountSpec
 }
 
 func invalid(subject, format string, args ...any) error {
@@ -140,12 +143,25 @@ func (c *Config) Normalize() error {
 	if _, err := ParseStore(c.Store); err != nil {
 		return err
 	}
+	if c.Live, err = ParseMounts(c.Mounts); err != nil {
+		return err
+	}
+	for _, m := range c.Live {
+		if m.Kind == "s3" {
+			return invalid(m.URL, "S3 live mounts are not available in this version; use file:///host/dir")
+		}
+	}
 	return c.Selection().Validate()
 }
 
 // Selection is the save/restore selection of the config.
 func (c *Config) Selection() revision.Selection {
-	return revision.Selection{Include: c.Include, Exclude: c.Exclude, NoGitignore: c.NoGitignore}
+	sel := revision.Selection{Include: c.Include, Exclude: c.Exclude, NoGitignore: c.NoGitignore}
+	// Live mounts hide the workspace paths beneath them: never saved.
+	for _, m := range c.Live {
+		sel.Hidden = append(sel.Hidden, m.Rel())
+	}
+	return sel
 }
 
 // StoreSpec is a parsed --store URL.

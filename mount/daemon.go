@@ -15,6 +15,7 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/providers/local"
 	"github.com/amlfs/amlfs/revision"
 )
 
@@ -39,6 +40,7 @@ type Daemon struct {
 	startedAt time.Time
 
 	stopPrefetch func()
+	closers      []func() error // live mount providers, closed after unmount
 	prefetchDone chan struct{}
 }
 
@@ -194,9 +196,13 @@ func (d *Daemon) start(ctx context.Context) error {
 	// caller with umask 002 must get group-writable files). Every file the
 	// daemon makes for itself names its mode explicitly.
 	syscall.Umask(0)
+	live, err := d.openLive()
+	if err != nil {
+		return err
+	}
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws, Live: live,
 	})
 	if err != nil {
 		return err
@@ -417,6 +423,9 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		}
 	}
 	d.setPhase("releasing")
+	for _, c := range d.closers {
+		c()
+	}
 	if err := d.ws.Close(context.WithoutCancel(ctx)); err != nil {
 		d.log.Error("release lock", "err", err)
 		if res.Error == "" {
@@ -502,4 +511,23 @@ func (d *Daemon) Status() Status {
 		st.Lock = "lost: " + err.Error()
 	}
 	return st
+}
+
+// openLive opens the live mounts' providers.
+func (d *Daemon) openLive() ([]fuse.Live, error) {
+	var live []fuse.Live
+	for _, m := range d.cfg.Live {
+		p, err := local.New(local.Options{Dir: m.Dir, RO: m.RO, Log: d.log.With("mount", m.Prefix)})
+		if err != nil {
+			return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, fmt.Errorf("live mount %s: %w", m.URL, err))
+		}
+		d.closers = append(d.closers, p.Close)
+		attr, err := p.RootAttr()
+		if err != nil {
+			return nil, err
+		}
+		live = append(live, fuse.Live{Rel: m.Rel(), Root: p.Root(), Attr: attr})
+		d.log.Info("live mount", "prefix", m.Prefix, "url", m.URL, "ro", m.RO)
+	}
+	return live, nil
 }

@@ -44,12 +44,14 @@ func usageError(c *cli.Context, err error, isSubcommand bool) error {
 
 func newApp(stdout, stderr io.Writer) *cli.App {
 	app := &cli.App{
-		Name:            "amlfs",
-		Usage:           "a durable, revision-backed working directory for agent sandboxes, through FUSE",
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		OnUsageError:    usageError,
-		HideHelpCommand: true,
+		Name: "amlfs",
+		// --mount /p=URL,ro and globs like {a,b} hold commas: never split.
+		DisableSliceFlagSeparator: true,
+		Usage:                     "a durable, revision-backed working directory for agent sandboxes, through FUSE",
+		Writer:                    stdout,
+		ErrWriter:                 stderr,
+		OnUsageError:              usageError,
+		HideHelpCommand:           true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},

@@ -40,6 +40,7 @@ func mountFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "unsafe-no-conditional-writes", Usage: "lock and publish even if the store ignores If-None-Match/If-Match"},
 		&cli.StringFlag{Name: "restore", Value: "lazy", Usage: "lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"},
 		&cli.IntFlag{Name: "prefetch", Value: 4, Usage: "background fetches at once after a lazy restore (0: fetch only on use)"},
+		&cli.StringSliceFlag{Name: "mount", Usage: "live mount /PREFIX=file:///host/dir[,ro] beside the workspace (repeatable)"},
 	}, s3Flags()...)
 }
 
@@ -66,7 +67,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), CacheDir: c.String("cache-dir"),
 		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
-		Restore: c.String("restore"), Prefetch: c.Int("prefetch"),
+		Restore: c.String("restore"), Prefetch: c.Int("prefetch"), Mounts: c.StringSlice("mount"),
 	}
 }
 

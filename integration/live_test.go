@@ -1,0 +1,153 @@
+package integration
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A host directory mounted live beside the workspace: both paths see the
+// same bytes, host edits show up within a second, ro rejects every write,
+// renames and links across providers give EXDEV, and workspace saves leave
+// the live mount out.
+func TestLiveLocalMount(t *testing.T) {
+	e := newEnv(t)
+	host, refDir := t.TempDir(), t.TempDir()
+	writeHost := func(dir, name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeHost(host, "a.txt", "from the host\n")
+	os.Mkdir(filepath.Join(host, "sub"), 0o755)
+	writeHost(refDir, "ref.txt", "reference\n")
+	mp := e.mount("live", "--mount", "/shared=file://"+host, "--mount", "/mnt/ref=file://"+refDir+",ro")
+
+	// Two paths, one view.
+	if got := readFile(t, filepath.Join(mp, "shared/a.txt")); got != "from the host\n" {
+		t.Fatalf("shared/a.txt = %q", got)
+	}
+	sh(t, mp, "echo through the mount > shared/sub/new.txt && echo ws > w.txt && mkdir -p shared/d/e")
+	if got, _ := os.ReadFile(filepath.Join(host, "sub/new.txt")); string(got) != "through the mount\n" {
+		t.Fatalf("host sees %q", got)
+	}
+	if ls := sh(t, mp, "ls"); !strings.Contains(ls, "shared") || !strings.Contains(ls, "mnt") {
+		t.Errorf("ls / = %q", ls)
+	}
+
+	// Host edits show up within a second, with the kernel caches warm.
+	sh(t, mp, "cat shared/a.txt shared/sub/new.txt >/dev/null; ls shared shared/sub >/dev/null; stat shared/gone.txt 2>/dev/null || true")
+	writeHost(host, "a.txt", "edited on the host, longer than before\n")
+	writeHost(host, "gone.txt", "appeared\n")
+	os.Remove(filepath.Join(host, "sub/new.txt"))
+	deadline := time.Now().Add(time.Second)
+	for {
+		a, _ := os.ReadFile(filepath.Join(mp, "shared/a.txt"))
+		g, _ := os.ReadFile(filepath.Join(mp, "shared/gone.txt"))
+		_, nerr := os.Stat(filepath.Join(mp, "shared/sub/new.txt"))
+		if string(a) == "edited on the host, longer than before\n" && string(g) == "appeared\n" && errors.Is(nerr, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host edits not seen within 1s: a=%q gone=%q new.txt err=%v", a, g, nerr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Read-only rejects every kind of write.
+	ref := filepath.Join(mp, "mnt/ref")
+	if got := readFile(t, filepath.Join(ref, "ref.txt")); got != "reference\n" {
+		t.Fatalf("ro read: %q", got)
+	}
+	for name, op := range map[string]func() error{
+		"create":   func() error { return os.WriteFile(filepath.Join(ref, "x"), nil, 0o644) },
+		"write":    func() error { return os.WriteFile(filepath.Join(ref, "ref.txt"), []byte("no"), 0o644) },
+		"truncate": func() error { return os.Truncate(filepath.Join(ref, "ref.txt"), 0) },
+		"unlink":   func() error { return os.Remove(filepath.Join(ref, "ref.txt")) },
+		"mkdir":    func() error { return os.Mkdir(filepath.Join(ref, "d"), 0o755) },
+		"chmod":    func() error { return os.Chmod(filepath.Join(ref, "ref.txt"), 0o600) },
+		"rename":   func() error { return os.Rename(filepath.Join(ref, "ref.txt"), filepath.Join(ref, "r2")) },
+		"symlink":  func() error { return os.Symlink("x", filepath.Join(ref, "l")) },
+		"setxattr": func() error { return syscall.Setxattr(filepath.Join(ref, "ref.txt"), "user.x", []byte("1"), 0) },
+	} {
+		if err := op(); !errors.Is(err, syscall.EROFS) {
+			t.Errorf("ro %s: %v, want EROFS", name, err)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(refDir, "ref.txt")); string(got) != "reference\n" {
+		t.Errorf("ro host file changed: %q", got)
+	}
+
+	// Across providers: EXDEV; the live mount's own directory: EBUSY.
+	for name, err := range map[string]error{
+		"rename ws->live": syscall.Rename(filepath.Join(mp, "w.txt"), filepath.Join(mp, "shared/w.txt")),
+		"rename live->ws": syscall.Rename(filepath.Join(mp, "shared/a.txt"), filepath.Join(mp, "a.txt")),
+		"link live->ws":   syscall.Link(filepath.Join(mp, "shared/a.txt"), filepath.Join(mp, "a.txt")),
+		"link ws->live":   syscall.Link(filepath.Join(mp, "w.txt"), filepath.Join(mp, "shared/w.txt")),
+	} {
+		if !errors.Is(err, syscall.EXDEV) {
+			t.Errorf("%s: %v, want EXDEV", name, err)
+		}
+	}
+	if err := syscall.Rename(filepath.Join(mp, "shared"), filepath.Join(mp, "moved")); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("rename of the live mount: %v, want EBUSY", err)
+	}
+	if err := syscall.Rmdir(filepath.Join(mp, "mnt/ref")); !errors.Is(err, syscall.EBUSY) {
+		t.Errorf("rmdir of the live mount: %v, want EBUSY", err)
+	}
+	// mv falls back to copy and delete across providers, as across devices.
+	sh(t, mp, "mv w.txt shared/w.txt && cp shared/w.txt w.txt")
+	if got, _ := os.ReadFile(filepath.Join(host, "w.txt")); string(got) != "ws\n" {
+		t.Errorf("mv across providers: host has %q", got)
+	}
+
+	// The save leaves the live mounts out, however the workspace paths
+	// beneath them looked.
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	r := e.amlfs(append([]string{"revisions", "show", "current"}, e.storeFlags("live")...)...)
+	if r.code != 0 {
+		t.Fatalf("show: %s", r)
+	}
+	if strings.Contains(r.stdout, "shared") || strings.Contains(r.stdout, "ref") || !strings.Contains(r.stdout, "w.txt") {
+		t.Errorf("saved revision holds live mount paths or lacks w.txt:\n%s", r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(host, "a.txt")); err != nil {
+		t.Errorf("host dir after unmount: %v", err)
+	}
+}
+
+// Bad live mount specs exit 2 with INVALID_CONFIG, before anything mounts.
+func TestLiveMountSpecsRejected(t *testing.T) {
+	e := newEnv(t)
+	host := t.TempDir()
+	for name, specs := range map[string][]string{
+		"nested":        {"/a=file://" + host, "/a/b=file://" + host},
+		"repeated":      {"/a=file://" + host, "/a=file://" + host + ",ro"},
+		"relative":      {"data=file://" + host},
+		"not normal":    {"/data/../x=file://" + host},
+		"root":          {"/=file://" + host},
+		"bad option":    {"/data=file://" + host + ",rw,bogus"},
+		"missing dir":   {"/data=file://" + filepath.Join(host, "nope")},
+		"relative host": {"/data=file://rel/dir"},
+	} {
+		args := []string{}
+		for _, s := range specs {
+			args = append(args, "--mount", s)
+		}
+		mp := filepath.Join(e.root, "bad")
+		r := e.mountAt(mp, "bad", args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "INVALID_CONFIG") {
+			t.Errorf("%s: %s", name, r)
+		}
+		if isMounted(mp) {
+			t.Errorf("%s: mounted anyway", name)
+		}
+	}
+}
