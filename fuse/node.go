@@ -273,8 +273,6 @@ func (n *node) graft(ctx context.Context, lm *liveMount, name string, out *fuse.
 	return ch, 0
 }
 
-
-
 var _ = (gofs.NodeOpendirHandler)((*node)(nil))
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
