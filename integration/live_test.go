@@ -39,6 +39,12 @@ func TestLiveLocalMount(t *testing.T) {
 	if ls := sh(t, mp, "ls"); !strings.Contains(ls, "shared") || !strings.Contains(ls, "mnt") {
 		t.Errorf("ls / = %q", ls)
 	}
+	st := e.amlfs("status", mp, "--json")
+	for _, want := range []string{`"prefix": "/shared"`, `"prefix": "/mnt/ref"`, `"ro": true`, `"health": "ok"`} {
+		if !strings.Contains(st.stdout, want) {
+			t.Errorf("status lacks %s:\n%s", want, st.stdout)
+		}
+	}
 
 	// Host edits show up within a second, with the kernel caches warm.
 	sh(t, mp, "cat shared/a.txt shared/sub/new.txt >/dev/null; ls shared shared/sub >/dev/null; stat shared/gone.txt 2>/dev/null || true")

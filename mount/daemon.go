@@ -40,7 +40,8 @@ type Daemon struct {
 	startedAt time.Time
 
 	stopPrefetch func()
-	closers      []func() error // live mount providers, closed after unmount
+	closers      []func() error    // live mount providers, closed after unmount
+	live         []*local.Provider // in the order of cfg.Live
 	prefetchDone chan struct{}
 }
 
@@ -78,6 +79,16 @@ type Status struct {
 	SavePolicy      string    `json:"savePolicy"`
 	LastSave        *SaveInfo `json:"lastSave,omitempty"`
 	StartedAt       time.Time `json:"startedAt"`
+	// Mounts are the live mounts and their health.
+	Mounts []MountStatus `json:"mounts,omitempty"`
+}
+
+// MountStatus is one live mount in Status.
+type MountStatus struct {
+	Prefix string `json:"prefix"`
+	URL    string `json:"url"`
+	RO     bool   `json:"ro"`
+	Health string `json:"health"` // "ok", or what is wrong
 }
 
 type stopRequest struct {
@@ -504,6 +515,14 @@ func (d *Daemon) Status() Status {
 	if idx := d.ws.Index(); idx != nil {
 		st.CurrentRevision = idx.Current
 	}
+	for i, p := range d.live {
+		m := d.cfg.Live[i]
+		ms := MountStatus{Prefix: m.Prefix, URL: m.URL, RO: m.RO, Health: "ok"}
+		if err := p.Health(); err != nil {
+			ms.Health = err.Error()
+		}
+		st.Mounts = append(st.Mounts, ms)
+	}
 	st.Lock = "held"
 	if d.cfg.NoLock {
 		st.Lock = "none"
@@ -522,6 +541,7 @@ func (d *Daemon) openLive() ([]fuse.Live, error) {
 			return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, fmt.Errorf("live mount %s: %w", m.URL, err))
 		}
 		d.closers = append(d.closers, p.Close)
+		d.live = append(d.live, p)
 		attr, err := p.RootAttr()
 		if err != nil {
 			return nil, err

@@ -325,6 +325,13 @@ func statusCommand() *cli.Command {
 			if st.PendingFiles > 0 {
 				fmt.Fprintf(w, "lazy:        %d files (%d bytes) not fetched yet\n", st.PendingFiles, st.PendingBytes)
 			}
+			for _, m := range st.Mounts {
+				mode := "rw"
+				if m.RO {
+					mode = "ro"
+				}
+				fmt.Fprintf(w, "mount:       %s = %s (%s): %s\n", m.Prefix, m.URL, mode, m.Health)
+			}
 			if st.LastSave != nil {
 				fmt.Fprintf(w, "last save:   %s at %s (%d files, %d bytes)\n", st.LastSave.Revision, st.LastSave.At.Format(time.RFC3339), st.LastSave.Files, st.LastSave.Bytes)
 			}

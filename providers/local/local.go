@@ -97,6 +97,15 @@ func (p *Provider) RootAttr() (gofs.StableAttr, error) {
 	return gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: st.Ino ^ uint64(st.Dev)<<32}, nil
 }
 
+// Health reports whether the host directory is reachable.
+func (p *Provider) Health() error {
+	fi, err := os.Stat(p.opts.Dir)
+	if err == nil && !fi.IsDir() {
+		err = fmt.Errorf("%s is not a directory", p.opts.Dir)
+	}
+	return err
+}
+
 // Close stops watching.
 func (p *Provider) Close() error {
 	err := p.watcher.Close()
