@@ -34,7 +34,8 @@ type Options struct {
 	// Timeout is the kernel's entry and attribute cache time for this
 	// mount (default 1 s): the bound on staleness where no watch is.
 	Timeout time.Duration
-	// MaxWatches bounds the directories watched (default 8192).
+	// MaxWatches bounds the directories watched (default 8192; negative:
+	// none, so only Timeout bounds staleness).
 	MaxWatches int
 	Log        *slog.Logger
 }
@@ -118,6 +119,9 @@ func (p *Provider) watchDir(abs string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.watched[abs] {
+		return
+	}
+	if p.opts.MaxWatches < 0 {
 		return
 	}
 	if len(p.watched) >= p.opts.MaxWatches {
@@ -222,7 +226,9 @@ var _ = (gofs.NodeLookuper)((*node)(nil))
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	n.p.watchDir(n.abs())
 	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
-	if errno == 0 {
+	if errno == 0 || errno == syscall.ENOENT {
+		// A miss is cached for Timeout too (go-fuse keeps a nonzero
+		// timeout on ENOENT), not for the workspace's hour.
 		n.entry(out)
 	}
 	return ch, errno
