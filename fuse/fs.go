@@ -42,6 +42,9 @@ type Options struct {
 	Content Content
 	// Live are the live mounts grafted onto the tree.
 	Live []Live
+	// ReadOnlyRoot refuses every change outside the live mounts with
+	// EROFS (--store none: the root only lists the mounts).
+	ReadOnlyRoot bool
 }
 
 // Live is a provider's tree grafted at a path. The workspace directory at
@@ -76,6 +79,8 @@ type FS struct {
 	timeout time.Duration
 	content Content
 
+	readOnly bool
+
 	liveMu sync.Mutex
 	live   map[string]*liveMount // by Rel
 }
@@ -101,7 +106,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, err
 	}
 	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout, content: opts.Content,
-		live: map[string]*liveMount{}}
+		live: map[string]*liveMount{}, readOnly: opts.ReadOnlyRoot}
 	for _, l := range opts.Live {
 		// The workspace directory the live mount covers must exist so
 		// that listings show it.

@@ -41,6 +41,9 @@ const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall
 var _ = (gofs.NodeOpener)((*node)(nil))
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.fs.readOnly && flags&writeFlags != 0 {
+		return nil, 0, syscall.EROFS
+	}
 	if errno := n.ensure(ctx); errno != 0 {
 		return nil, 0, errno
 	}
@@ -66,6 +69,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 var _ = (gofs.NodeWriter)((*node)(nil))
 
 func (n *node) Write(ctx context.Context, f gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	if n.fs.readOnly {
+		return 0, syscall.EROFS
+	}
 	defer n.mutate()()
 	return f.(gofs.FileWriter).Write(ctx, data, off)
 }
@@ -73,6 +79,9 @@ func (n *node) Write(ctx context.Context, f gofs.FileHandle, data []byte, off in
 var _ = (gofs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.fs.readOnly {
+		return nil, nil, 0, syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -83,6 +92,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 var _ = (gofs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.fs.readOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
@@ -93,6 +105,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 var _ = (gofs.NodeMknoder)((*node)(nil))
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.fs.readOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
@@ -103,6 +118,9 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 var _ = (gofs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.fs.readOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
@@ -113,6 +131,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 var _ = (gofs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.fs.readOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
@@ -127,6 +148,9 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 var _ = (gofs.NodeUnlinker)((*node)(nil))
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
@@ -137,6 +161,9 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
@@ -154,6 +181,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (gofs.NodeRenamer)((*node)(nil))
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
@@ -182,6 +212,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 var _ = (gofs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	if _, resize := in.GetSize(); resize {
 		if errno := n.ensure(ctx); errno != 0 {
 			return errno
@@ -330,6 +363,9 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 var _ = (gofs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	if internalXattr(attr) {
 		return syscall.EPERM
 	}
@@ -340,6 +376,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 var _ = (gofs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	if internalXattr(attr) {
 		return syscall.ENODATA
 	}
@@ -350,6 +389,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 var _ = (gofs.NodeAllocater)((*node)(nil))
 
 func (n *node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	if n.fs.readOnly {
+		return syscall.EROFS
+	}
 	defer n.mutate()()
 	if a, ok := f.(gofs.FileAllocater); ok {
 		return a.Allocate(ctx, off, size, mode)
@@ -360,6 +402,9 @@ func (n *node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size
 var _ = (gofs.NodeCopyFileRanger)((*node)(nil))
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, len uint64, flags uint64) (uint32, syscall.Errno) {
+	if n.fs.readOnly {
+		return 0, syscall.EROFS
+	}
 	defer n.mutate()()
 	return n.LoopbackNode.CopyFileRange(ctx, fhIn, offIn, out, fhOut, offOut, len, flags)
 }
@@ -367,6 +412,9 @@ func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn ui
 var _ = (gofs.NodeTmpfiler)((*node)(nil))
 
 func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.fs.readOnly {
+		return nil, nil, 0, syscall.EROFS
+	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, nil, 0, errno
 	}

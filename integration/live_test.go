@@ -157,3 +157,57 @@ func TestLiveMountSpecsRejected(t *testing.T) {
 		}
 	}
 }
+
+// With --store none there is no workspace: / lists the live mounts as
+// read-only directories, the mounts work, commit is refused, and unmount
+// saves nothing.
+func TestStoreNone(t *testing.T) {
+	e := newEnv(t)
+	host := t.TempDir()
+	os.WriteFile(filepath.Join(host, "h.txt"), []byte("host\n"), 0o644)
+	mp := filepath.Join(e.root, "mnt-none")
+	r := e.amlfs("mount", "--daemon", mp, "--store", "none", "--cache-dir", e.cache, "--mount", "/data=file://"+host, "--mount", "/x/y=file://"+host+",ro")
+	if r.code != 0 {
+		t.Fatalf("mount: %s", r)
+	}
+	t.Cleanup(func() { e.forceUnmount(mp) })
+	if ls := strings.Fields(sh(t, mp, "ls -A")); strings.Join(ls, " ") != "data x" {
+		t.Errorf("ls / = %q, want data x", ls)
+	}
+	if got := readFile(t, filepath.Join(mp, "data/h.txt")); got != "host\n" {
+		t.Errorf("data/h.txt = %q", got)
+	}
+	sh(t, mp, "echo new > data/new.txt")
+	if got, _ := os.ReadFile(filepath.Join(host, "new.txt")); string(got) != "new\n" {
+		t.Errorf("host new.txt = %q", got)
+	}
+	for name, err := range map[string]error{
+		"create at /":  os.WriteFile(filepath.Join(mp, "f"), nil, 0o644),
+		"mkdir at /":   os.Mkdir(filepath.Join(mp, "d"), 0o755),
+		"mkdir in /x":  os.Mkdir(filepath.Join(mp, "x/z"), 0o755),
+		"chmod /x":     os.Chmod(filepath.Join(mp, "x"), 0o700),
+		"write in ro":  os.WriteFile(filepath.Join(mp, "x/y/f"), nil, 0o644),
+		"rmdir /data":  syscall.Rmdir(filepath.Join(mp, "data")),
+		"rename /data": syscall.Rename(filepath.Join(mp, "data"), filepath.Join(mp, "d2")),
+	} {
+		if !errors.Is(err, syscall.EROFS) && !errors.Is(err, syscall.EBUSY) {
+			t.Errorf("%s: %v, want EROFS or EBUSY", name, err)
+		}
+	}
+	if r := e.amlfs("commit", mp); r.code != 2 || !strings.Contains(r.stderr, "--store none") {
+		t.Errorf("commit: %s", r)
+	}
+	st := e.amlfs("status", mp, "--json")
+	if !strings.Contains(st.stdout, `"store": "none"`) || !strings.Contains(st.stdout, `"prefix": "/data"`) {
+		t.Errorf("status: %s", st.stdout)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	if isMounted(mp) {
+		t.Fatal("still mounted")
+	}
+	if ents, _ := os.ReadDir(e.cache); len(ents) != 0 {
+		t.Errorf("cache dir keeps %d entries after a --store none unmount", len(ents))
+	}
+}

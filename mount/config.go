@@ -20,6 +20,9 @@ import (
 	"github.com/amlfs/amlfs/revision"
 )
 
+// StoreNone (--store none) mounts only the live mounts, with no workspace.
+const StoreNone = "none"
+
 // Save policies.
 const (
 	SaveOnSuccess = "on-success"
@@ -140,8 +143,10 @@ func (c *Config) Normalize() error {
 	if strings.HasPrefix(c.CacheDir+"/", c.Mountpoint+"/") {
 		return invalid(c.CacheDir, "--cache-dir must not be inside the mountpoint")
 	}
-	if _, err := ParseStore(c.Store); err != nil {
-		return err
+	if c.Store != StoreNone {
+		if _, err := ParseStore(c.Store); err != nil {
+			return err
+		}
 	}
 	if c.Live, err = ParseMounts(c.Mounts); err != nil {
 		return err

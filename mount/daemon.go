@@ -153,6 +153,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	d.prefetchDone = make(chan struct{})
 	go func() {
 		defer close(d.prefetchDone)
+		if d.ws == nil {
+			return
+		}
 		d.ws.Prefetch(pctx, cfg.Prefetch)
 		if n, _ := d.ws.Pending(); n == 0 {
 			d.log.Debug("every file's bytes are local")
@@ -171,6 +174,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	cfg := &d.cfg
 	if err := prepareMountpoint(cfg.Mountpoint, d.notify); err != nil {
 		return err
+	}
+	if cfg.Store == StoreNone {
+		return d.startNoWorkspace()
 	}
 	if cfg.ID == "" {
 		return invalid("", "--id is required here")
@@ -226,6 +232,40 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.phase = "serving"
 	d.mu.Unlock()
 	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "passthrough", fsys.Passthrough())
+	return nil
+}
+
+// startNoWorkspace mounts only the live mounts (--store none): the root is
+// a read-only directory of their prefixes, backed by an empty private
+// directory.
+func (d *Daemon) startNoWorkspace() error {
+	cfg := &d.cfg
+	if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp(cfg.CacheDir, "no-workspace-")
+	if err != nil {
+		return err
+	}
+	d.workDir = dir
+	d.baseMark = 0
+	syscall.Umask(0)
+	live, err := d.openLive()
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
+		Dir: dir, FsName: "amlfs:none", MountOptions: cfg.FuseOptions, ReadOnlyRoot: true,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	d.fs = fsys
+	d.setPhase("serving")
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "store", StoreNone, "mounts", len(live), "passthrough", fsys.Passthrough())
 	return nil
 }
 
@@ -416,6 +456,16 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 			d.log.Error("unmount", "err", err)
 		}
 	}
+	if d.ws == nil {
+		// --store none: nothing to save or release.
+		for _, c := range d.closers {
+			c()
+		}
+		os.RemoveAll(d.workDir)
+		d.setPhase("stopped")
+		d.log.Info("stopped", "exitCode", 0)
+		return res
+	}
 	if !req.noSave && d.cfg.Save != SaveNever {
 		d.setPhase("saving")
 		// After a lazy detach, open files may still be written through
@@ -468,6 +518,9 @@ func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
 	if stopping {
 		return SaveInfo{}, errors.New("the daemon is stopping")
 	}
+	if d.ws == nil {
+		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to commit")
+	}
 	thaw := d.fs.Freeze()
 	defer thaw()
 	return d.save(ctx, revID)
@@ -506,14 +559,10 @@ func (d *Daemon) Status() Status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := Status{
-		ID: d.cfg.ID, Store: d.ws.Store().String(), Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
+		ID: d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
 		Passthrough: d.fs.Passthrough(), SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
-	}
-	st.Dirty = d.baseMark == -1 || st.Changes != d.baseMark
-	st.PendingFiles, st.PendingBytes = d.ws.Pending()
-	if idx := d.ws.Index(); idx != nil {
-		st.CurrentRevision = idx.Current
+		Lock: "none",
 	}
 	for i, p := range d.live {
 		m := d.cfg.Live[i]
@@ -522,6 +571,16 @@ func (d *Daemon) Status() Status {
 			ms.Health = err.Error()
 		}
 		st.Mounts = append(st.Mounts, ms)
+	}
+	if d.ws == nil {
+		st.SavePolicy = SaveNever
+		return st
+	}
+	st.Store = d.ws.Store().String()
+	st.Dirty = d.baseMark == -1 || st.Changes != d.baseMark
+	st.PendingFiles, st.PendingBytes = d.ws.Pending()
+	if idx := d.ws.Index(); idx != nil {
+		st.CurrentRevision = idx.Current
 	}
 	st.Lock = "held"
 	if d.cfg.NoLock {
@@ -535,8 +594,8 @@ func (d *Daemon) Status() Status {
 // openLive opens the live mounts' providers.
 func (d *Daemon) openLive() ([]fuse.Live, error) {
 	var live []fuse.Live
-	for _, m := range d.cfg.Live {
-		p, err := local.New(local.Options{Dir: m.Dir, RO: m.RO, Log: d.log.With("mount", m.Prefix)})
+	for i, m := range d.cfg.Live {
+		p, err := local.New(local.Options{Dir: m.Dir, RO: m.RO, Tag: uint16(i + 1), Log: d.log.With("mount", m.Prefix)})
 		if err != nil {
 			return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, fmt.Errorf("live mount %s: %w", m.URL, err))
 		}

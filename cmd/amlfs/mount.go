@@ -90,7 +90,7 @@ func mountCommand() *cli.Command {
 			if err := cfg.Normalize(); err != nil {
 				return err
 			}
-			if cfg.ID == "" {
+			if cfg.ID == "" && cfg.Store != mount.StoreNone {
 				cfg.ID = uuid.NewString()
 				fmt.Fprintf(c.App.Writer, "workspace id: %s\n", cfg.ID)
 			}

@@ -38,6 +38,11 @@ type Options struct {
 	// none, so only Timeout bounds staleness).
 	MaxWatches int
 	Log        *slog.Logger
+	// Tag (1 or more) sets this mount's inode number space apart from the
+	// workspace's and other live mounts', even over the same host
+	// directory: inode numbers get Tag in bits 48-63. The kernel and
+	// go-fuse key inodes by number, so sharing one would merge nodes.
+	Tag uint16
 }
 
 // Provider serves one host directory.
@@ -80,6 +85,10 @@ func New(opts Options) (*Provider, error) {
 	}
 	p := &Provider{opts: opts, watcher: w, watched: map[string]bool{}, done: make(chan struct{})}
 	ln := lroot.(*gofs.LoopbackNode)
+	// go-fuse numbers a loopback inode rot32(st.Dev) ^ rot32(root.Dev) ^
+	// st.Ino; flipping bits 16-31 of root.Dev flips bits 48-63 of every
+	// inode number of this mount.
+	ln.RootData.Dev ^= uint64(opts.Tag) << 16
 	p.root = &node{LoopbackNode: ln, p: p}
 	ln.RootData.RootNode = p.root
 	go p.watch()
@@ -95,7 +104,7 @@ func (p *Provider) RootAttr() (gofs.StableAttr, error) {
 	if err := syscall.Stat(p.opts.Dir, &st); err != nil {
 		return gofs.StableAttr{}, err
 	}
-	return gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: st.Ino ^ uint64(st.Dev)<<32}, nil
+	return gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: st.Ino ^ uint64(p.opts.Tag)<<48}, nil
 }
 
 // Health reports whether the host directory is reachable.
