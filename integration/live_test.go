@@ -211,3 +211,47 @@ func TestStoreNone(t *testing.T) {
 		t.Errorf("cache dir keeps %d entries after a --store none unmount", len(ents))
 	}
 }
+
+// --config FILE mirrors the flags in YAML; the command line wins.
+func TestConfigFile(t *testing.T) {
+	e := newEnv(t)
+	host := t.TempDir()
+	os.WriteFile(filepath.Join(host, "h.txt"), []byte("host\n"), 0o644)
+	cfg := filepath.Join(e.root, "amlfs.yaml")
+	yaml := "store: " + e.store + "\nid: fromfile\ncache-dir: " + e.cache + "\nretention: 2\nmount:\n  - /data=file://" + host + ",ro\nsave: never\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mp := filepath.Join(e.root, "mnt-cfg")
+	r := e.amlfs("mount", "--daemon", mp, "--config", cfg, "--save", "on-success")
+	if r.code != 0 {
+		t.Fatalf("mount: %s", r)
+	}
+	t.Cleanup(func() { e.forceUnmount(mp) })
+	if got := readFile(t, filepath.Join(mp, "data/h.txt")); got != "host\n" {
+		t.Errorf("data/h.txt = %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(mp, "data/x"), nil, 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Errorf("ro from the file: %v", err)
+	}
+	st := e.amlfs("status", mp, "--json")
+	for _, want := range []string{`"id": "fromfile"`, `"savePolicy": "on-success"`} {
+		if !strings.Contains(st.stdout, want) {
+			t.Errorf("status lacks %s: %s", want, st.stdout)
+		}
+	}
+	sh(t, mp, "echo saved > w.txt")
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	// --save on-success from the command line beat save: never in the file.
+	r = e.amlfs(append([]string{"revisions", "show", "current"}, e.storeFlags("fromfile")...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "w.txt") {
+		t.Errorf("revision after unmount: %s", r)
+	}
+	bad := filepath.Join(e.root, "bad.yaml")
+	os.WriteFile(bad, []byte("retention: [not a number\n"), 0o644)
+	if r := e.amlfs("mount", "--daemon", filepath.Join(e.root, "mnt-bad"), "--config", bad); r.code != 2 {
+		t.Errorf("bad config file: %s", r)
+	}
+}

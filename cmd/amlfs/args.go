@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+	"github.com/urfave/cli/v2/altsrc"
 )
 
 // interspersed moves a command's flags ahead of its positional arguments,
@@ -75,10 +76,19 @@ func takesValue(flags []cli.Flag, tok string) bool {
 	for _, f := range flags {
 		for _, n := range f.Names() {
 			if n == name {
-				_, isBool := f.(*cli.BoolFlag)
-				return !isBool
+				return !isBoolFlag(f)
 			}
 		}
+	}
+	return false
+}
+
+// isBoolFlag reports a flag that takes no value, also when it may come
+// from a config file.
+func isBoolFlag(f cli.Flag) bool {
+	switch f.(type) {
+	case *cli.BoolFlag, *altsrc.BoolFlag:
+		return true
 	}
 	return false
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func checkCommand() *cli.Command {
-	return &cli.Command{
+	return withConfigFile(&cli.Command{
 		Name:      "check",
 		Usage:     "preflight: config, store reachability and conditional-write support, FUSE, local-only settings",
 		ArgsUsage: "[MOUNTPOINT]",
@@ -32,5 +32,5 @@ func checkCommand() *cli.Command {
 			}
 			return err
 		},
-	}
+	})
 }

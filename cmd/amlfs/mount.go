@@ -74,7 +74,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 const readyFdEnv = "AMLFS_READY_FD"
 
 func mountCommand() *cli.Command {
-	return &cli.Command{
+	return withConfigFile(&cli.Command{
 		Name:      "mount",
 		Usage:     "mount a workspace and serve it until unmounted or signalled",
 		ArgsUsage: "MOUNTPOINT",
@@ -137,7 +137,7 @@ func mountCommand() *cli.Command {
 			}
 			return err
 		},
-	}
+	})
 }
 
 // daemonize re-executes amlfs detached, with its logs in the runtime dir,
