@@ -255,3 +255,41 @@ func TestConfigFile(t *testing.T) {
 		t.Errorf("bad config file: %s", r)
 	}
 }
+
+// A live mount whose host directory goes away fails on its own paths only:
+// the workspace and the other mounts keep working, status reports it, and
+// it recovers when the directory is back.
+func TestLiveMountFailsAlone(t *testing.T) {
+	e := newEnv(t)
+	parent := t.TempDir()
+	host, other := filepath.Join(parent, "gone"), t.TempDir()
+	os.Mkdir(host, 0o755)
+	os.WriteFile(filepath.Join(host, "f"), []byte("1"), 0o644)
+	os.WriteFile(filepath.Join(other, "g"), []byte("2"), 0o644)
+	mp := e.mount("fails", "--mount", "/a=file://"+host, "--mount", "/b=file://"+other)
+	sh(t, mp, "cat a/f b/g >/dev/null")
+	os.RemoveAll(host)
+	if _, err := os.ReadFile(filepath.Join(mp, "a/f")); err == nil {
+		t.Error("read from a removed host directory succeeded")
+	}
+	sh(t, mp, "echo ws > w.txt && cat b/g w.txt >/dev/null")
+	st := e.amlfs("status", mp, "--json")
+	if !strings.Contains(st.stdout, "no such file or directory") {
+		t.Errorf("status does not show the failed mount: %s", st.stdout)
+	}
+	os.Mkdir(host, 0o755)
+	os.WriteFile(filepath.Join(host, "f"), []byte("back"), 0o644)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if got, _ := os.ReadFile(filepath.Join(mp, "a/f")); string(got) == "back" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("live mount did not recover when its directory came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}
