@@ -62,6 +62,9 @@ type Content interface {
 	Ensure(ctx context.Context, rel string) error
 	// EnsureDir blocks until the directory at rel holds all its entries.
 	EnsureDir(ctx context.Context, rel string) error
+	// Lazy is a cheap check, made before every call above: false once
+	// nothing is left to fetch or populate.
+	Lazy() bool
 }
 
 // FS is a mounted workspace.

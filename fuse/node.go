@@ -237,7 +237,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 // ensure has the content provider put a lazily restored file's bytes in
 // place before anything can read or resize it.
 func (n *node) ensure(ctx context.Context) syscall.Errno {
-	if n.fs.content == nil || n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG {
+	if n.fs.content == nil || n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG || !n.fs.content.Lazy() {
 		return 0
 	}
 	rel := n.Path(nil)
@@ -247,7 +247,7 @@ func (n *node) ensure(ctx context.Context) syscall.Errno {
 // ensureDir has the content provider make a lazily restored directory's
 // entries before anything looks inside or changes it.
 func (n *node) ensureDir(ctx context.Context) syscall.Errno {
-	if n.fs.content == nil {
+	if n.fs.content == nil || !n.fs.content.Lazy() {
 		return 0
 	}
 	rel := n.Path(nil)
@@ -257,7 +257,7 @@ func (n *node) ensureDir(ctx context.Context) syscall.Errno {
 // ensureChildDir does ensureDir for parent's child name, if it is a
 // directory.
 func (n *node) ensureChildDir(ctx context.Context, parent *node, name string) syscall.Errno {
-	if n.fs.content == nil {
+	if n.fs.content == nil || !n.fs.content.Lazy() {
 		return 0
 	}
 	rel := path.Join(parent.Path(nil), name)

@@ -180,6 +180,22 @@ func (w *Workspace) Pending() (files int, bytes int64) {
 	return files, bytes
 }
 
+// Lazy reports whether any file's bytes or directory's placeholders are
+// still to come: a cheap check for every FUSE call. It may say true for a
+// while after the last fetch; never false while something is pending.
+func (w *Workspace) Lazy() bool {
+	l := w.lazyState()
+	if l == nil {
+		return false
+	}
+	if l.dirs != nil && l.dirs.n.Load() > 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.pending) > 0
+}
+
 func (w *Workspace) lazyState() *lazyState {
 	w.lmu.Lock()
 	defer w.lmu.Unlock()
