@@ -106,6 +106,23 @@ func TestLiveLocalMount(t *testing.T) {
 	if err := syscall.Rmdir(filepath.Join(mp, "mnt/ref")); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("rmdir of the live mount: %v, want EBUSY", err)
 	}
+	// refresh: one path, a path given inside the mountpoint, all of them;
+	// a workspace path is refused.
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"shared/sub"}, 0, "/shared\n"},
+		{[]string{filepath.Join(mp, "mnt/ref/ref.txt")}, 0, "/mnt/ref\n"},
+		{nil, 0, "/mnt/ref\n/shared\n"},
+		{[]string{"w.txt"}, 2, ""},
+	} {
+		r := e.amlfs(append([]string{"refresh", mp}, tc.args...)...)
+		if r.code != tc.code || r.stdout != tc.out {
+			t.Errorf("refresh %v: %s; want exit %d and %q", tc.args, r, tc.code, tc.out)
+		}
+	}
 	// mv falls back to copy and delete across providers, as across devices.
 	sh(t, mp, "mv w.txt shared/w.txt && cp shared/w.txt w.txt")
 	if got, _ := os.ReadFile(filepath.Join(host, "w.txt")); string(got) != "ws\n" {

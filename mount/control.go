@@ -23,6 +23,7 @@ import (
 //	GET  /v1/status                     -> Status
 //	POST /v1/commit   {"revision":ID}   -> SaveInfo
 //	POST /v1/unmount  {"noSave":bool}   -> StopResult (after the daemon has stopped)
+//	POST /v1/refresh  {"path":P}        -> {"refreshed":[prefixes]} (live mounts; "" for all)
 //
 // Errors are {"error":..., "code":..., "exitCode":N} with a 4xx/5xx status.
 
@@ -130,6 +131,21 @@ func (d *Daemon) serveControl() (*control, error) {
 		}
 		writeJSON(w, http.StatusOK, <-sr.done)
 	})
+	mux.HandleFunc("POST /v1/refresh", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Path string `json:"path"`
+		}
+		if err := decodeBody(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		done, err := d.Refresh(req.Path)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string][]string{"refreshed": done})
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return &control{srv: srv, path: path}, nil
@@ -210,4 +226,13 @@ func (c *Client) Unmount(ctx context.Context, noSave bool) (StopResult, error) {
 	var res StopResult
 	err := c.do(ctx, http.MethodPost, "/v1/unmount", map[string]any{"noSave": noSave}, &res)
 	return res, err
+}
+
+// Refresh drops the kernel's caches of path in the live mounts.
+func (c *Client) Refresh(ctx context.Context, path string) ([]string, error) {
+	var out struct {
+		Refreshed []string `json:"refreshed"`
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/refresh", map[string]any{"path": path}, &out)
+	return out.Refreshed, err
 }

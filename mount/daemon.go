@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -417,7 +418,8 @@ func (d *Daemon) loop(ctx context.Context) error {
 					d.log.Info("checkpoint on SIGUSR1", "revision", info.Revision, "skipped", info.Skipped)
 				}()
 			case syscall.SIGHUP:
-				d.log.Info("SIGHUP: the workspace has no remote cache to refresh")
+				refreshed, _ := d.Refresh("")
+				d.log.Info("SIGHUP: dropped the kernel's caches of the live mounts", "mounts", refreshed)
 			default:
 				res := d.stop(ctx, stopRequest{reason: sig.String()}, true)
 				return resultErr(res)
@@ -589,6 +591,35 @@ func (d *Daemon) Status() Status {
 		st.Lock = "lost: " + err.Error()
 	}
 	return st
+}
+
+// Refresh drops the kernel's cached entries, attributes and pages of path
+// (relative to the mount root; "" for every live mount) in the live mount
+// holding it. It returns the prefixes refreshed. The workspace has nothing
+// to refresh: amlfs is its only writer.
+func (d *Daemon) Refresh(path string) ([]string, error) {
+	rel := strings.Trim(filepath.ToSlash(filepath.Clean("/"+path)), "/")
+	var done []string
+	for i, p := range d.live {
+		m := d.cfg.Live[i]
+		var sub string
+		switch {
+		case rel == "":
+		case rel == m.Rel():
+		case strings.HasPrefix(rel, m.Rel()+"/"):
+			sub = strings.TrimPrefix(rel, m.Rel()+"/")
+		default:
+			continue
+		}
+		if err := p.Refresh(sub); err != nil {
+			return done, err
+		}
+		done = append(done, m.Prefix)
+	}
+	if rel != "" && len(done) == 0 {
+		return nil, invalid(path, "not under a live mount; the workspace needs no refresh")
+	}
+	return done, nil
 }
 
 // openLive opens the live mounts' providers.

@@ -60,6 +60,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			mountCommand(),
 			unmountCommand(),
 			commitCommand(),
+			refreshCommand(),
 			statusCommand(),
 			revisionsCommand(),
 			checkCommand(),

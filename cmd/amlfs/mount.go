@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -277,6 +278,38 @@ func commitCommand() *cli.Command {
 				return notRunning(mp, err)
 			}
 			fmt.Fprintln(c.App.Writer, info.Revision)
+			return nil
+		},
+	}
+}
+
+func refreshCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "refresh",
+		Usage:     "drop the kernel's cached entries, attributes and data of PATH in the live mounts (all of them without PATH; also SIGHUP)",
+		ArgsUsage: "MOUNTPOINT [PATH]",
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 || c.NArg() > 2 {
+				return amlerr.New(amlerr.InvalidConfig, "", "refresh takes MOUNTPOINT and an optional PATH")
+			}
+			mp := c.Args().Get(0)
+			cl, err := mount.NewClient(mp)
+			if err != nil {
+				return err
+			}
+			// PATH is relative to the mount root; a path inside the
+			// mountpoint is taken as such.
+			p := c.Args().Get(1)
+			if abs, err := filepath.Abs(mp); err == nil && strings.HasPrefix(p, abs+"/") {
+				p = strings.TrimPrefix(p, abs)
+			}
+			done, err := cl.Refresh(c.Context, p)
+			if err != nil {
+				return notRunning(mp, err)
+			}
+			for _, m := range done {
+				fmt.Fprintln(c.App.Writer, m)
+			}
 			return nil
 		},
 	}

@@ -22,6 +22,15 @@ func mountAlone(t *testing.T, opts Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mountProvider(t, p)
+}
+
+// mountProvider serves p by itself at a fresh mountpoint.
+func mountProvider(t *testing.T, p *Provider) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a direct FUSE mount")
+	}
 	mp := t.TempDir()
 	hour := time.Hour
 	srv, err := gofs.Mount(mp, p.Root(), &gofs.Options{
@@ -106,5 +115,52 @@ func TestReadOnlyRejectsWrites(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(mp, "f")); string(got) != "x" {
 		t.Errorf("read: %q", got)
+	}
+}
+
+// Refresh makes host changes visible at once where nothing else would:
+// no watches, and an hour of kernel caching.
+func TestRefreshDropsCaches(t *testing.T) {
+	host := t.TempDir()
+	os.Mkdir(filepath.Join(host, "d"), 0o755)
+	os.WriteFile(filepath.Join(host, "d/f"), []byte("one"), 0o644)
+	p, err := New(Options{Dir: host, MaxWatches: -1, Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := mountProvider(t, p)
+	stat := func(name string) (int64, error) {
+		fi, err := os.Stat(filepath.Join(mp, name))
+		if err != nil {
+			return 0, err
+		}
+		return fi.Size(), nil
+	}
+	if n, err := stat("d/f"); err != nil || n != 3 {
+		t.Fatalf("stat: %d %v", n, err)
+	}
+	if _, err := stat("d/new"); err == nil {
+		t.Fatal("d/new exists before")
+	}
+	os.WriteFile(filepath.Join(host, "d/f"), []byte("longer"), 0o644)
+	os.WriteFile(filepath.Join(host, "d/new"), []byte("n"), 0o644)
+	if n, _ := stat("d/f"); n != 3 {
+		t.Skipf("the kernel did not cache the size (%d); nothing to test", n)
+	}
+	if err := p.Refresh("d"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := stat("d/f"); err != nil || n != 6 {
+		t.Errorf("d/f after refresh: size %d, %v", n, err)
+	}
+	if _, err := stat("d/new"); err != nil {
+		t.Errorf("d/new after refresh: %v", err)
+	}
+	os.Remove(filepath.Join(host, "d/new"))
+	if err := p.Refresh(""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stat("d/new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("d/new after removal and refresh: %v", err)
 	}
 }
