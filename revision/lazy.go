@@ -134,7 +134,7 @@ func scanPending(dir string, sel Selection) (*lazyState, error) {
 			if err != nil {
 				return nil // populated (ENODATA)
 			}
-			rev, orig, ok := cutNul(string(buf[:n]))
+			rev, orig, ok := strings.Cut(string(buf[:n]), "\x00")
 			if !ok || !validPendingKey(rev+"files") || !strings.HasSuffix(rev, "/") || (orig != "" && ValidPath(orig) != nil) {
 				return amlerr.New(amlerr.InvalidStore, p, "bad pending directory marker %q", buf[:n])
 			}
@@ -239,14 +239,38 @@ func (w *Workspace) Ensure(ctx context.Context, rel string) error {
 }
 
 func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path string) error {
-	l.mu.Lock()
-	pf, ok := l.pending[ino]
-	if !ok {
-		l.mu.Unlock()
+	var pf pendingFile
+	return shareCall(ctx, &l.mu, l.inflight, ino,
+		func() (ok bool) { pf, ok = l.pending[ino]; return ok },
+		func(ctx context.Context) error {
+			err := w.fill(ctx, pf, ino, path)
+			if err != nil {
+				w.log.Error("fetch file bytes", "path", path, "key", pf.key, "err", err)
+			}
+			return err
+		},
+		func(err error) {
+			if err == nil {
+				delete(l.pending, ino)
+				l.bytes -= pf.size
+			}
+		})
+}
+
+// shareCall runs work for ino once for all concurrent callers: a caller
+// that finds a run in flight waits for its result instead. Under mu, todo
+// reports whether there is anything to do, and done records a run's
+// outcome. The run is not cancelled with its caller, since others may wait
+// on it; an interrupted run is simply redone by the next caller.
+func shareCall(ctx context.Context, mu *sync.Mutex, calls map[uint64]*fetchCall, ino uint64,
+	todo func() bool, work func(context.Context) error, done func(error)) error {
+	mu.Lock()
+	if !todo() {
+		mu.Unlock()
 		return nil
 	}
-	if c, ok := l.inflight[ino]; ok {
-		l.mu.Unlock()
+	if c, ok := calls[ino]; ok {
+		mu.Unlock()
 		select {
 		case <-c.done:
 			return c.err
@@ -255,23 +279,15 @@ func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path st
 		}
 	}
 	c := &fetchCall{done: make(chan struct{})}
-	l.inflight[ino] = c
-	l.mu.Unlock()
+	calls[ino] = c
+	mu.Unlock()
 
-	// The fetch itself is not cancelled with the caller: others may wait
-	// on it, and a half-written placeholder is simply fetched again.
-	c.err = w.fill(context.WithoutCancel(ctx), pf, ino, path)
-	l.mu.Lock()
-	delete(l.inflight, ino)
-	if c.err == nil {
-		delete(l.pending, ino)
-		l.bytes -= pf.size
-	}
-	l.mu.Unlock()
+	c.err = work(context.WithoutCancel(ctx))
+	mu.Lock()
+	delete(calls, ino)
+	done(c.err)
+	mu.Unlock()
 	close(c.done)
-	if c.err != nil {
-		w.log.Error("fetch file bytes", "path", path, "key", pf.key, "err", c.err)
-	}
 	return c.err
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -116,7 +117,7 @@ func (d *dirSet) deferFiles(root, rev string, entries []TreeEntry) error {
 	d.load(rev, entries)
 	var dirs []string
 	for k := range d.files {
-		if r, dir, _ := cutNul(k); r == rev {
+		if r, dir, _ := strings.Cut(k, "\x00"); r == rev {
 			dirs = append(dirs, dir)
 		}
 	}
@@ -131,15 +132,6 @@ func (d *dirSet) deferFiles(root, rev string, entries []TreeEntry) error {
 		}
 	}
 	return nil
-}
-
-func cutNul(k string) (string, string, bool) {
-	for i := 0; i < len(k); i++ {
-		if k[i] == 0 {
-			return k[:i], k[i+1:], true
-		}
-	}
-	return k, "", false
 }
 
 // EnsureDir makes the placeholders of the directory at rel (relative to
@@ -160,38 +152,22 @@ func (w *Workspace) EnsureDir(ctx context.Context, rel string) error {
 
 func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir string) error {
 	d := l.dirs
-	d.mu.Lock()
-	pd, ok := d.dirs[ino]
-	if !ok {
-		d.mu.Unlock()
-		return nil
-	}
-	if c, ok := d.calls[ino]; ok {
-		d.mu.Unlock()
-		select {
-		case <-c.done:
-			return c.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	c := &fetchCall{done: make(chan struct{})}
-	d.calls[ino] = c
-	d.mu.Unlock()
-
-	c.err = w.fillDir(context.WithoutCancel(ctx), l, pd, dir)
-	d.mu.Lock()
-	delete(d.calls, ino)
-	if c.err == nil {
-		delete(d.dirs, ino)
-		d.n.Add(-1)
-	}
-	d.mu.Unlock()
-	close(c.done)
-	if c.err != nil {
-		w.log.Error("make placeholders", "dir", dir, "revision", pd.rev, "err", c.err)
-	}
-	return c.err
+	var pd pendingDir
+	return shareCall(ctx, &d.mu, d.calls, ino,
+		func() (ok bool) { pd, ok = d.dirs[ino]; return ok },
+		func(ctx context.Context) error {
+			err := w.fillDir(ctx, l, pd, dir)
+			if err != nil {
+				w.log.Error("make placeholders", "dir", dir, "revision", pd.rev, "err", err)
+			}
+			return err
+		},
+		func(err error) {
+			if err == nil {
+				delete(d.dirs, ino)
+				d.n.Add(-1)
+			}
+		})
 }
 
 // fillDir makes the placeholders of one pending directory, then clears its
