@@ -185,13 +185,11 @@ func ParseStore(store string) (StoreSpec, error) {
 	}
 	switch u.Scheme {
 	case "file":
-		if u.Host != "" && u.Host != "localhost" {
-			return StoreSpec{}, invalid(store, "file:// store must be local: file:///absolute/dir")
+		dir, err := fileURLDir(u, store, "store")
+		if err != nil {
+			return StoreSpec{}, err
 		}
-		if u.Path == "" || !filepath.IsAbs(u.Path) {
-			return StoreSpec{}, invalid(store, "file:// store needs an absolute path: file:///absolute/dir")
-		}
-		return StoreSpec{Kind: "file", Dir: filepath.Clean(u.Path)}, nil
+		return StoreSpec{Kind: "file", Dir: dir}, nil
 	case "s3":
 		su, err := s3p.ParseURL(store, revision.DefaultS3Prefix)
 		if err != nil {
@@ -200,6 +198,19 @@ func ParseStore(store string) (StoreSpec, error) {
 		return StoreSpec{Kind: "s3", Bucket: su.Bucket, Prefix: su.Prefix}, nil
 	}
 	return StoreSpec{}, invalid(store, "unsupported store scheme %q (use file:///dir or s3://bucket/prefix)", u.Scheme)
+}
+
+// fileURLDir returns the local directory of a file:// URL: file:///abs/dir
+// or file://localhost/abs/dir, cleaned. what names the URL's role in
+// errors ("store", "mount").
+func fileURLDir(u *url.URL, subject, what string) (string, error) {
+	if u.Host != "" && u.Host != "localhost" {
+		return "", invalid(subject, "file:// %s must be local: file:///absolute/dir", what)
+	}
+	if u.Path == "" || !filepath.IsAbs(u.Path) {
+		return "", invalid(subject, "file:// %s needs an absolute path: file:///absolute/dir", what)
+	}
+	return filepath.Clean(u.Path), nil
 }
 
 // S3Options are the S3 settings from the command line.

@@ -3,7 +3,6 @@ package mount
 import (
 	"net/url"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 
@@ -55,13 +54,10 @@ func ParseMountSpec(s string) (MountSpec, error) {
 	}
 	switch u.Scheme {
 	case "file":
-		if u.Host != "" && u.Host != "localhost" {
-			return MountSpec{}, invalid(s, "file:// mount must be local: file:///absolute/dir")
+		if m.Dir, err = fileURLDir(u, s, "mount"); err != nil {
+			return MountSpec{}, err
 		}
-		if u.Path == "" || !filepath.IsAbs(u.Path) {
-			return MountSpec{}, invalid(s, "file:// mount needs an absolute path: file:///absolute/dir")
-		}
-		m.Kind, m.Dir = "file", filepath.Clean(u.Path)
+		m.Kind = "file"
 	case "s3":
 		su, err := s3p.ParseURL(m.URL, "")
 		if err != nil {
