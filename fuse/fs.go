@@ -11,6 +11,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -84,8 +85,9 @@ type FS struct {
 
 	readOnly bool
 
-	liveMu sync.Mutex
-	live   map[string]*liveMount // by Rel
+	liveMu    sync.Mutex
+	live      map[string]*liveMount // by Rel
+	liveNames map[string]bool       // the last segment of each Rel
 }
 
 type liveMount struct {
@@ -109,7 +111,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, err
 	}
 	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout, content: opts.Content,
-		live: map[string]*liveMount{}, readOnly: opts.ReadOnlyRoot}
+		live: map[string]*liveMount{}, liveNames: map[string]bool{}, readOnly: opts.ReadOnlyRoot}
 	for _, l := range opts.Live {
 		// The workspace directory the live mount covers must exist so
 		// that listings show it.
@@ -117,6 +119,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 			return nil, err
 		}
 		f.live[l.Rel] = &liveMount{Live: l}
+		f.liveNames[path.Base(l.Rel)] = true
 	}
 	ln := lroot.(*gofs.LoopbackNode)
 	f.root = &node{LoopbackNode: ln, fs: f}

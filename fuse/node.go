@@ -278,7 +278,8 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 
 // liveChild returns the live mount grafted at n's child name, if any.
 func (n *node) liveChild(name string) *liveMount {
-	if len(n.fs.live) == 0 {
+	// Only a name that ends some prefix is worth the walk up to the root.
+	if !n.fs.liveNames[name] {
 		return nil
 	}
 	return n.fs.live[path.Join(n.Path(nil), name)]
