@@ -171,7 +171,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return syscall.EBUSY
 	}
 	// An unpopulated directory is empty on disk but not in the revision.
-	if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
+	if errno := n.ensureChildDir(ctx, name); errno != 0 {
 		return errno
 	}
 	defer n.mutate()()
@@ -199,10 +199,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if errno := p.ensureDir(ctx); errno != 0 {
 		return errno
 	}
-	if errno := n.ensureChildDir(ctx, n, name); errno != 0 {
+	if errno := n.ensureChildDir(ctx, name); errno != 0 {
 		return errno
 	}
-	if errno := n.ensureChildDir(ctx, p, newName); errno != 0 {
+	if errno := p.ensureChildDir(ctx, newName); errno != 0 {
 		return errno
 	}
 	defer n.mutate()()
@@ -254,13 +254,12 @@ func (n *node) ensureDir(ctx context.Context) syscall.Errno {
 	return ToErrno(n.fs.log, "populate", rel, n.fs.content.EnsureDir(ctx, rel))
 }
 
-// ensureChildDir does ensureDir for parent's child name, if it is a
-// directory.
-func (n *node) ensureChildDir(ctx context.Context, parent *node, name string) syscall.Errno {
+// ensureChildDir does ensureDir for n's child name, if it is a directory.
+func (n *node) ensureChildDir(ctx context.Context, name string) syscall.Errno {
 	if n.fs.content == nil || !n.fs.content.Lazy() {
 		return 0
 	}
-	rel := path.Join(parent.Path(nil), name)
+	rel := path.Join(n.Path(nil), name)
 	return ToErrno(n.fs.log, "populate", rel, n.fs.content.EnsureDir(ctx, rel))
 }
 
