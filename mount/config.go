@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,7 +60,19 @@ type Config struct {
 	// Mounts are the --mount specs; Live is them parsed by Normalize.
 	Mounts []string
 	Live   []MountSpec
+	// CacheSize bounds the S3 live mounts' data cache in bytes;
+	// CacheSizeText is the flag ("10GiB"), parsed into it by Normalize.
+	CacheSize     int64
+	CacheSizeText string
+	// MetadataTTL is how long S3 live mounts trust listings and metadata.
+	MetadataTTL time.Duration
 }
+
+// Defaults of the S3 live mounts.
+const (
+	DefaultCacheSize   = 10 << 30
+	DefaultMetadataTTL = 10 * time.Second
+)
 
 func invalid(subject, format string, args ...any) error {
 	return amlerr.New(amlerr.InvalidConfig, subject, format, args...)
@@ -151,10 +164,22 @@ func (c *Config) Normalize() error {
 	if c.Live, err = ParseMounts(c.Mounts); err != nil {
 		return err
 	}
-	for _, m := range c.Live {
-		if m.Kind == "s3" {
-			return invalid(m.URL, "S3 live mounts are not available in this version; use file:///host/dir")
+	if c.CacheSizeText != "" {
+		if c.CacheSize, err = ParseSize(c.CacheSizeText); err != nil {
+			return invalid(c.CacheSizeText, "--cache-size: %v", err)
 		}
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = DefaultCacheSize
+	}
+	if c.CacheSize < 1<<20 {
+		return invalid(fmt.Sprint(c.CacheSize), "--cache-size must be at least 1MiB")
+	}
+	if c.MetadataTTL == 0 {
+		c.MetadataTTL = DefaultMetadataTTL
+	}
+	if c.MetadataTTL < 0 {
+		return invalid(c.MetadataTTL.String(), "--metadata-ttl must be positive")
 	}
 	return c.Selection().Validate()
 }
@@ -268,4 +293,39 @@ func SocketPath(mountpoint string) string {
 // LogPath is where a --daemon's logs go.
 func LogPath(mountpoint string) string {
 	return filepath.Join(RuntimeDir(), mountKey(mountpoint)+".log")
+}
+
+// ParseSize parses a byte count: digits, optionally followed by K, M, G or
+// T (powers of 1024, with or without "iB" or "B").
+func ParseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, fmt.Errorf("%q is not a size like 512MiB or 10GiB", s)
+	}
+	n, err := strconv.ParseInt(t[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q: %v", s, err)
+	}
+	shift := 0
+	switch strings.ToUpper(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSpace(t[i:]), "B"), "i")) {
+	case "":
+	case "K":
+		shift = 10
+	case "M":
+		shift = 20
+	case "G":
+		shift = 30
+	case "T":
+		shift = 40
+	default:
+		return 0, fmt.Errorf("%q is not a size like 512MiB or 10GiB", s)
+	}
+	if n > (1<<62)>>shift {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return n << shift, nil
 }

@@ -9,15 +9,19 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/providers/local"
+	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
 // Daemon is one running mount.
@@ -41,8 +45,8 @@ type Daemon struct {
 	startedAt time.Time
 
 	stopPrefetch func()
-	closers      []func() error    // live mount providers, closed after unmount
-	live         []*local.Provider // in the order of cfg.Live
+	closers      []func() error // live mount providers, closed after unmount
+	live         []liveProvider // in the order of cfg.Live
 	prefetchDone chan struct{}
 }
 
@@ -90,6 +94,14 @@ type MountStatus struct {
 	URL    string `json:"url"`
 	RO     bool   `json:"ro"`
 	Health string `json:"health"` // "ok", or what is wrong
+	// Pending counts the uploads and deletes an S3 mount has not done yet.
+	Pending int `json:"pending"`
+}
+
+// liveProvider is what the daemon asks of a live mount.
+type liveProvider interface {
+	Health() error
+	Refresh(sub string) error
 }
 
 type stopRequest struct {
@@ -177,7 +189,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	if cfg.Store == StoreNone {
-		return d.startNoWorkspace()
+		return d.startNoWorkspace(ctx)
 	}
 	if cfg.ID == "" {
 		return invalid("", "--id is required here")
@@ -214,7 +226,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	// caller with umask 002 must get group-writable files). Every file the
 	// daemon makes for itself names its mode explicitly.
 	syscall.Umask(0)
-	live, err := d.openLive()
+	live, err := d.openLive(ctx)
 	if err != nil {
 		return err
 	}
@@ -239,7 +251,7 @@ func (d *Daemon) start(ctx context.Context) error {
 // startNoWorkspace mounts only the live mounts (--store none): the root is
 // a read-only directory of their prefixes, backed by an empty private
 // directory.
-func (d *Daemon) startNoWorkspace() error {
+func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 	cfg := &d.cfg
 	if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
 		return err
@@ -251,7 +263,7 @@ func (d *Daemon) startNoWorkspace() error {
 	d.workDir = dir
 	d.baseMark = 0
 	syscall.Umask(0)
-	live, err := d.openLive()
+	live, err := d.openLive(ctx)
 	if err != nil {
 		os.RemoveAll(dir)
 		return err
@@ -572,6 +584,9 @@ func (d *Daemon) Status() Status {
 		if err := p.Health(); err != nil {
 			ms.Health = err.Error()
 		}
+		if s, ok := p.(*s3p.Live); ok {
+			ms.Pending = s.Pending()
+		}
 		st.Mounts = append(st.Mounts, ms)
 	}
 	if d.ws == nil {
@@ -622,22 +637,72 @@ func (d *Daemon) Refresh(path string) ([]string, error) {
 	return done, nil
 }
 
-// openLive opens the live mounts' providers.
-func (d *Daemon) openLive() ([]fuse.Live, error) {
+// openLive opens the live mounts' providers. A bucket that does not
+// answer now is mounted all the same: its paths give EIO until it does,
+// and status shows its health.
+func (d *Daemon) openLive(ctx context.Context) ([]fuse.Live, error) {
 	var live []fuse.Live
+	var client *s3.Client
+	var dataCache *cache.Cache
 	for i, m := range d.cfg.Live {
-		p, err := local.New(local.Options{Dir: m.Dir, RO: m.RO, Tag: uint16(i + 1), Log: d.log.With("mount", m.Prefix)})
-		if err != nil {
-			return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, fmt.Errorf("live mount %s: %w", m.URL, err))
+		log := d.log.With("mount", m.Prefix)
+		tag := uint16(i + 1)
+		switch m.Kind {
+		case "file":
+			p, err := local.New(local.Options{Dir: m.Dir, RO: m.RO, Tag: tag, Log: log})
+			if err != nil {
+				return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, fmt.Errorf("live mount %s: %w", m.URL, err))
+			}
+			d.closers = append(d.closers, p.Close)
+			d.live = append(d.live, p)
+			attr, err := p.RootAttr()
+			if err != nil {
+				return nil, err
+			}
+			live = append(live, fuse.Live{Rel: m.Rel(), Root: p.Root(), Attr: attr})
+		case "s3":
+			if client == nil {
+				o := d.cfg.S3
+				// A live mount answers EIO soon rather than retrying
+				// for a minute: the caller may retry.
+				o.MaxAttempts = 3
+				var err error
+				if client, err = s3p.NewClient(ctx, o); err != nil {
+					return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, err)
+				}
+				dir, err := liveCacheDir(d.cfg.CacheDir)
+				if err != nil {
+					return nil, err
+				}
+				if dataCache, err = cache.New(dir, d.cfg.CacheSize); err != nil {
+					return nil, amlerr.Wrap(amlerr.InvalidConfig, "--cache-size", err)
+				}
+				d.closers = append(d.closers, func() error { return os.RemoveAll(dir) })
+			}
+			p := s3p.NewLive(s3p.LiveOptions{Client: client, Bucket: m.Bucket, Prefix: m.Key, RO: m.RO, TTL: d.cfg.MetadataTTL,
+				Cache: dataCache, Log: log, Tag: tag, UID: uint32(os.Getuid()), GID: uint32(os.Getgid())})
+			if err := p.Check(ctx); err != nil {
+				log.Error("S3 live mount does not answer; its paths give EIO until it does", "url", m.URL, "err", err)
+			}
+			// Uploads still waiting at unmount get this long.
+			d.closers = append([]func() error{func() error { return p.Close(5 * time.Minute) }}, d.closers...)
+			d.live = append(d.live, p)
+			live = append(live, fuse.Live{Rel: m.Rel(), Root: p.Root(), Attr: p.RootAttr()})
 		}
-		d.closers = append(d.closers, p.Close)
-		d.live = append(d.live, p)
-		attr, err := p.RootAttr()
-		if err != nil {
-			return nil, err
-		}
-		live = append(live, fuse.Live{Rel: m.Rel(), Root: p.Root(), Attr: attr})
-		d.log.Info("live mount", "prefix", m.Prefix, "url", m.URL, "ro", m.RO)
+		log.Info("live mount", "prefix", m.Prefix, "url", m.URL, "ro", m.RO)
 	}
 	return live, nil
+}
+
+// liveCacheDir is this process's S3 data cache directory under the cache
+// dir. Those of processes that are gone are removed.
+func liveCacheDir(cacheDir string) (string, error) {
+	old, _ := filepath.Glob(filepath.Join(cacheDir, "live-*"))
+	for _, o := range old {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(o), "live-"))
+		if err == nil && pid != os.Getpid() && syscall.Kill(pid, 0) == syscall.ESRCH {
+			os.RemoveAll(o)
+		}
+	}
+	return filepath.Join(cacheDir, fmt.Sprintf("live-%d", os.Getpid())), nil
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -324,19 +323,14 @@ func (st *s3Stager) holdsOurBytes(ctx context.Context, key string, body io.ReadS
 	return strings.Trim(aws.ToString(head.ETag), `"`) == hex.EncodeToString(h.Sum(nil))
 }
 
-// Objects larger than multipartThreshold upload in parallel parts.
-const (
-	multipartThreshold = 64 << 20
-	partSize           = 16 << 20
-	partParallel       = 4
-)
-
+// put uploads one object with If-None-Match: *, so it never replaces one;
+// large files go up in parallel parts (s3p.Put).
 func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
-	if f, ok := body.(*os.File); ok && size > multipartThreshold {
-		return st.putMultipart(ctx, key, f, size)
+	ra, ok := body.(io.ReaderAt)
+	if !ok {
+		return fmt.Errorf("put %s: body is not seekable", key)
 	}
-	_, err := st.s.Client.PutObject(ctx, &s3.PutObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key), Body: body,
-		ContentLength: aws.Int64(size), IfNoneMatch: aws.String("*")})
+	_, err := s3p.Put(ctx, st.s.Client, s3p.Upload{Bucket: st.s.Bucket, Key: key, Body: ra, Size: size, IfNoneMatch: true})
 	if err != nil {
 		if s3p.IsPrecondition(err) {
 			if st.holdsOurBytes(ctx, key, body, size) {
@@ -353,62 +347,15 @@ func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, siz
 	return nil
 }
 
-// putMultipart uploads f in parts, several at once, and completes the
-// upload with If-None-Match: *, so it too never replaces an object.
-func (st *s3Stager) putMultipart(ctx context.Context, key string, f *os.File, size int64) (err error) {
-	s := st.s
-	mu, err := s.Client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &s.Bucket, Key: aws.String(key)})
-	if err != nil {
-		return s.wrap("create multipart upload", key, err)
-	}
-	defer func() {
-		if err != nil {
-			s.Client.AbortMultipartUpload(context.WithoutCancel(ctx), &s3.AbortMultipartUploadInput{Bucket: &s.Bucket, Key: aws.String(key), UploadId: mu.UploadId})
-		}
-	}()
-	n := int((size + partSize - 1) / partSize)
-	parts := make([]types.CompletedPart, n)
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(partParallel)
-	for i := 0; i < n; i++ {
-		off := int64(i) * partSize
-		length := min(int64(partSize), size-off)
-		num := int32(i + 1)
-		g.Go(func() error {
-			out, err := s.Client.UploadPart(gctx, &s3.UploadPartInput{Bucket: &s.Bucket, Key: aws.String(key), UploadId: mu.UploadId,
-				PartNumber: aws.Int32(num), Body: io.NewSectionReader(f, off, length), ContentLength: aws.Int64(length)})
-			if err != nil {
-				return s.wrap(fmt.Sprintf("upload part %d of", num), key, err)
-			}
-			parts[num-1] = types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(num)}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	_, err = s.Client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: &s.Bucket, Key: aws.String(key), UploadId: mu.UploadId,
-		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}, IfNoneMatch: aws.String("*")})
-	if err != nil {
-		if s3p.IsPrecondition(err) {
-			return fmt.Errorf("%w: s3://%s/%s", ErrExist, s.Bucket, key)
-		}
-		return s.wrap("complete multipart upload", key, err)
-	}
-	st.record(key, size)
-	return nil
-}
-
-// Reuse copies an object of an earlier revision server-side.
 func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string) error {
 	key, err := st.objectKey(name)
 	if err != nil {
 		return err
 	}
-	src := st.s.Bucket + "/" + st.s.key(fromKey)
+	src := s3p.CopySource(st.s.Bucket, st.s.key(fromKey))
 	st.g.Go(func() error {
 		_, err := st.s.Client.CopyObject(st.gctx, &s3.CopyObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key),
-			CopySource: aws.String(escapeCopySource(src)), IfNoneMatch: aws.String("*")})
+			CopySource: aws.String(src), IfNoneMatch: aws.String("*")})
 		if err != nil {
 			if s3p.IsPrecondition(err) {
 				return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
@@ -419,15 +366,6 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string) error {
 		return nil
 	})
 	return nil
-}
-
-// escapeCopySource URL-escapes each segment of bucket/key.
-func escapeCopySource(s string) string {
-	parts := strings.Split(s, "/")
-	for i, p := range parts {
-		parts[i] = url.PathEscape(p)
-	}
-	return strings.Join(parts, "/")
 }
 
 func (st *s3Stager) Commit(ctx context.Context) error {

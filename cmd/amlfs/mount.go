@@ -41,7 +41,9 @@ func mountFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "unsafe-no-conditional-writes", Usage: "lock and publish even if the store ignores If-None-Match/If-Match"},
 		&cli.StringFlag{Name: "restore", Value: "lazy", Usage: "lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"},
 		&cli.IntFlag{Name: "prefetch", Value: 4, Usage: "background fetches at once after a lazy restore (0: fetch only on use)"},
-		&cli.StringSliceFlag{Name: "mount", Usage: "live mount /PREFIX=file:///host/dir[,ro] beside the workspace (repeatable)"},
+		&cli.StringSliceFlag{Name: "mount", Usage: "live mount /PREFIX=file:///host/dir[,ro] or /PREFIX=s3://bucket/prefix[,ro] beside the workspace (repeatable)"},
+		&cli.StringFlag{Name: "cache-size", Value: "10GiB", Usage: "bound of the S3 live mounts' local data cache (bytes, or with KiB, MiB, GiB, TiB)"},
+		&cli.DurationFlag{Name: "metadata-ttl", Value: mount.DefaultMetadataTTL, Usage: "how long S3 live mounts trust listings and metadata before asking the bucket again"},
 	}, s3Flags()...)
 }
 
@@ -69,6 +71,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
 		Restore: c.String("restore"), Prefetch: c.Int("prefetch"), Mounts: c.StringSlice("mount"),
+		CacheSizeText: c.String("cache-size"), MetadataTTL: c.Duration("metadata-ttl"),
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	amlfuse "github.com/amlfs/amlfs/fuse"
 	"github.com/fsnotify/fsnotify"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -202,35 +203,8 @@ func (p *Provider) invalidate(ev fsnotify.Event) {
 // root; "" for all of it) and of everything beneath it that the kernel
 // knows: entries, attributes and pages. The next access reads the host.
 func (p *Provider) Refresh(rel string) error {
-	in := p.root.EmbeddedInode()
-	rel = strings.Trim(filepath.ToSlash(filepath.Clean("/"+rel)), "/")
-	if rel != "" {
-		parts := strings.Split(rel, "/")
-		parent := in
-		for _, name := range parts[:len(parts)-1] {
-			if parent = parent.GetChild(name); parent == nil {
-				return nil // nothing cached there
-			}
-		}
-		name := parts[len(parts)-1]
-		in = parent.GetChild(name)
-		defer parent.NotifyEntry(name)
-		if in == nil {
-			return nil // at most a cached miss, dropped by NotifyEntry
-		}
-	}
-	dropBelow(in)
+	amlfuse.Invalidate(p.root.EmbeddedInode(), rel)
 	return nil
-}
-
-// dropBelow invalidates in's pages and attributes and, for a directory,
-// every entry beneath it.
-func dropBelow(in *gofs.Inode) {
-	in.NotifyContent(0, 0)
-	for name, ch := range in.Children() {
-		dropBelow(ch)
-		in.NotifyEntry(name)
-	}
 }
 
 // node is the loopback node of a local mount.

@@ -24,6 +24,8 @@ import (
 type Options struct {
 	Endpoint  string // --s3-endpoint
 	PathStyle bool   // --s3-path-style
+	// MaxAttempts bounds the tries of one request (default 8).
+	MaxAttempts int
 }
 
 // NewClient builds an S3 client from the standard config chain.
@@ -32,6 +34,9 @@ func NewClient(ctx context.Context, o Options) (*s3.Client, error) {
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(so *retry.StandardOptions) {
 				so.MaxAttempts = 8
+				if o.MaxAttempts > 0 {
+					so.MaxAttempts = o.MaxAttempts
+				}
 				so.MaxBackoff = 20 * time.Second
 			})
 		}),

@@ -1,0 +1,43 @@
+package fuse
+
+import (
+	"path/filepath"
+	"strings"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+)
+
+// Invalidate drops what the kernel caches of rel, a path below root ("":
+// root itself): the entry for it in its parent, and the attributes, pages
+// and entries of everything beneath it that the kernel knows. Providers
+// call it when their own caches of rel are dropped.
+func Invalidate(root *gofs.Inode, rel string) {
+	in := root
+	rel = strings.Trim(filepath.ToSlash(filepath.Clean("/"+rel)), "/")
+	if rel != "" {
+		parts := strings.Split(rel, "/")
+		parent := in
+		for _, name := range parts[:len(parts)-1] {
+			if parent = parent.GetChild(name); parent == nil {
+				return // nothing cached there
+			}
+		}
+		name := parts[len(parts)-1]
+		in = parent.GetChild(name)
+		defer parent.NotifyEntry(name)
+		if in == nil {
+			return // at most a cached miss, dropped by NotifyEntry
+		}
+	}
+	dropBelow(in)
+}
+
+// dropBelow invalidates in's pages and attributes and, for a directory,
+// every entry beneath it.
+func dropBelow(in *gofs.Inode) {
+	in.NotifyContent(0, 0)
+	for name, ch := range in.Children() {
+		dropBelow(ch)
+		in.NotifyEntry(name)
+	}
+}

@@ -1,0 +1,912 @@
+package s3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/amlfs/amlfs/cache"
+	amlfuse "github.com/amlfs/amlfs/fuse"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"golang.org/x/sync/errgroup"
+)
+
+// LiveOptions configure an S3 live mount (s3://bucket/prefix).
+type LiveOptions struct {
+	Client *s3.Client
+	Bucket string
+	Prefix string // "" or ending in "/"
+	RO     bool
+	// TTL is how long listings, metadata and the kernel's entries and
+	// attributes are trusted before the bucket is asked again
+	// (--metadata-ttl).
+	TTL   time.Duration
+	Cache *cache.Cache
+	Log   *slog.Logger
+	// Tag (1 or more) puts this mount's inode numbers in their own space.
+	Tag uint16
+	// Workers bounds concurrent uploads and deletes (default 16).
+	Workers int
+	// WriteBack is how long a closed file's upload waits for more
+	// changes (metadata set after close, say) before it starts (default
+	// 200 ms). fsync does not wait.
+	WriteBack time.Duration
+	// UID and GID own objects without uid/gid metadata.
+	UID, GID uint32
+}
+
+// Live serves one bucket prefix as a directory tree.
+type Live struct {
+	o     LiveOptions
+	q     *queue
+	root  *node
+	ino   atomic.Uint64
+	fetch sync.Mutex // guards fetching
+
+	mu       sync.Mutex
+	rootE    *ent // GUARDED_BY(mu) for its fields
+	health   error
+	// tombs are keys deleted here: zero while the delete is on its way,
+	// then when it finished. A listing that started before then may
+	// still show the key, and must not bring it back.
+	tombs     map[string]time.Time
+	lastPrune time.Time
+	inflight map[chunkKey]*fetchCall // GUARDED_BY(fetch)
+
+	sem chan struct{} // bounds concurrent ranged GETs
+}
+
+type chunkKey struct {
+	f   *cache.File
+	idx int64
+}
+
+type fetchCall struct {
+	done chan struct{}
+	err  error
+}
+
+// ent is one file, directory or symlink of the mount, as amlfs knows it.
+// Every field is guarded by Live.mu.
+type ent struct {
+	name   string
+	parent *ent
+	ino    uint64
+	mode   uint32 // type and permission bits
+	uid    uint32
+	gid    uint32
+	mtime  time.Time
+	size   int64
+	etag   string
+
+	metaKnown bool // mode, uid, gid and mtime are read or set here
+	remote    bool // the bucket holds it (for a dir: its marker or a key below)
+	gone      bool // unlinked
+	// changed is when it was last made, moved or uploaded here: a
+	// listing that started before then may not show it yet.
+	changed time.Time
+
+	// directories
+	children map[string]*ent
+	listedAt time.Time // zero: not listed, or refresh asked
+	listing  chan struct{}
+
+	// files and symlinks
+	data      *cache.File
+	dirty     bool // bytes to upload
+	metaDirty bool // metadata to set on the object
+	gen       uint64
+	opens     int
+	link      string
+	ver       uint64 // bumped when the object changed under the cache
+	upErr     error
+}
+
+func (e *ent) isDir() bool { return e.mode&syscall.S_IFMT == syscall.S_IFDIR }
+
+// NewLive builds the provider. It does not touch the bucket: a bucket
+// that is unreachable now gives EIO on its paths until it answers.
+func NewLive(o LiveOptions) *Live {
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Second
+	}
+	if o.Workers <= 0 {
+		o.Workers = 16
+	}
+	if o.WriteBack <= 0 {
+		o.WriteBack = 200 * time.Millisecond
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	l := &Live{o: o, inflight: map[chunkKey]*fetchCall{}, sem: make(chan struct{}, 16), tombs: map[string]time.Time{}}
+	l.ino.Store(uint64(o.Tag)<<48 | 1)
+	l.rootE = &ent{mode: syscall.S_IFDIR | 0o755, uid: o.UID, gid: o.GID, mtime: time.Now(), metaKnown: true, remote: true,
+		ino: l.ino.Load(), children: map[string]*ent{}}
+	l.root = &node{l: l, e: l.rootE}
+	l.q = newQueue(o.Workers, l.runOps)
+	return l
+}
+
+func (l *Live) newIno() uint64 { return l.ino.Add(1) }
+
+// key is the object key of e; directories end in "/".
+func (l *Live) key(e *ent) string {
+	if e.parent == nil {
+		return l.o.Prefix
+	}
+	var parts []string
+	for x := e; x.parent != nil; x = x.parent {
+		parts = append(parts, x.name)
+	}
+	var b strings.Builder
+	b.WriteString(l.o.Prefix)
+	for i := len(parts) - 1; i >= 0; i-- {
+		b.WriteString(parts[i])
+		if i > 0 {
+			b.WriteByte('/')
+		}
+	}
+	if e.isDir() {
+		b.WriteByte('/')
+	}
+	return b.String()
+}
+
+func (l *Live) url(key string) string { return "s3://" + l.o.Bucket + "/" + key }
+
+// errno maps a bucket error to the errno the kernel sees, logs what is
+// not a plain miss, and records the mount's health.
+func (l *Live) errno(op, key string, err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var en syscall.Errno
+	switch {
+	case errors.As(err, &en):
+		return en
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR
+	case IsNotFound(err) && Code(err) != "NoSuchBucket":
+		return syscall.ENOENT
+	}
+	l.setHealth(err)
+	l.o.Log.Error("s3 live mount", "op", op, "path", l.url(key), "err", err)
+	if s := Status(err); s == http.StatusForbidden {
+		return syscall.EACCES
+	}
+	return syscall.EIO
+}
+
+func (l *Live) setHealth(err error) {
+	l.mu.Lock()
+	l.health = err
+	l.mu.Unlock()
+}
+
+// Health is nil while the bucket answers, else the last error.
+func (l *Live) Health() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.health
+}
+
+// Check asks the bucket once and records the answer as the health.
+func (l *Live) Check(ctx context.Context) error {
+	_, err := l.o.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &l.o.Bucket, Prefix: &l.o.Prefix, MaxKeys: aws.Int32(1)})
+	l.setHealth(err)
+	return err
+}
+
+// Pending is the number of uploads and deletes not yet done.
+func (l *Live) Pending() int { return l.q.Len() }
+
+// Sync waits until every change made so far is in the bucket.
+func (l *Live) Sync(ctx context.Context) error {
+	l.mu.Lock()
+	var enq []*ent
+	walk(l.rootE, func(e *ent) {
+		if (e.dirty || e.metaDirty) && e.opens > 0 {
+			enq = append(enq, e)
+		}
+	})
+	l.mu.Unlock()
+	for _, e := range enq {
+		l.enqueuePut(e, 0)
+	}
+	return l.q.flush(ctx, l.o.Prefix)
+}
+
+func walk(e *ent, fn func(*ent)) {
+	fn(e)
+	for _, c := range e.children {
+		walk(c, fn)
+	}
+}
+
+// Close uploads what is left (up to timeout) and stops the workers.
+func (l *Live) Close(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := l.Sync(ctx)
+	if err != nil {
+		l.o.Log.Error("s3 live mount: changes not uploaded at unmount are lost", "bucket", l.o.Bucket, "prefix", l.o.Prefix, "pending", l.q.Len(), "err", err)
+	}
+	l.q.close()
+	return err
+}
+
+// --- metadata (s3fs's keys) ---
+
+const dirContentType = "application/x-directory"
+
+// metadata returns the object metadata for e, with s3fs's keys (the SDK
+// adds the x-amz-meta- prefix).
+func metadata(e *ent) map[string]string {
+	return map[string]string{
+		"mode":  strconv.FormatUint(uint64(e.mode), 10),
+		"mtime": strconv.FormatInt(e.mtime.Unix(), 10),
+		"uid":   strconv.FormatUint(uint64(e.uid), 10),
+		"gid":   strconv.FormatUint(uint64(e.gid), 10),
+	}
+}
+
+// applyMetadata sets e's attributes from object metadata; keys that are
+// missing or bad keep the defaults. A dir stays a dir, a file a file or
+// symlink.
+func applyMetadata(e *ent, md map[string]string, lastModified time.Time) {
+	get := func(k string) (uint64, bool) {
+		for mk, v := range md {
+			if strings.EqualFold(mk, k) {
+				if i := strings.IndexByte(v, '.'); i >= 0 {
+					v = v[:i]
+				}
+				n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				return n, err == nil
+			}
+		}
+		return 0, false
+	}
+	if m, ok := get("mode"); ok && m <= 0xffff {
+		t := uint32(m) & syscall.S_IFMT
+		switch {
+		case e.isDir():
+			e.mode = syscall.S_IFDIR | uint32(m)&0o7777
+		case t == syscall.S_IFLNK:
+			e.mode = uint32(m)
+		default:
+			e.mode = syscall.S_IFREG | uint32(m)&0o7777
+		}
+	}
+	if v, ok := get("uid"); ok && v <= 1<<32-1 {
+		e.uid = uint32(v)
+	}
+	if v, ok := get("gid"); ok && v <= 1<<32-1 {
+		e.gid = uint32(v)
+	}
+	e.mtime = lastModified
+	if v, ok := get("mtime"); ok && v < 1<<40 {
+		e.mtime = time.Unix(int64(v), 0)
+	}
+	e.metaKnown = true
+}
+
+// --- listing ---
+
+type objInfo struct {
+	name  string
+	size  int64
+	etag  string
+	mtime time.Time
+}
+
+// list reads one directory level under dirKey, every page of it.
+func (l *Live) list(ctx context.Context, dirKey string) (files []objInfo, dirs []string, err error) {
+	p := s3.NewListObjectsV2Paginator(l.o.Client, &s3.ListObjectsV2Input{Bucket: &l.o.Bucket, Prefix: &dirKey, Delimiter: aws.String("/")})
+	for p.HasMorePages() {
+		out, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, o := range out.Contents {
+			name := strings.TrimPrefix(aws.ToString(o.Key), dirKey)
+			if name == "" || strings.Contains(name, "/") || name == "." || name == ".." {
+				continue // the directory's own marker
+			}
+			files = append(files, objInfo{name: name, size: aws.ToInt64(o.Size), etag: aws.ToString(o.ETag), mtime: aws.ToTime(o.LastModified)})
+		}
+		for _, cp := range out.CommonPrefixes {
+			name := strings.TrimSuffix(strings.TrimPrefix(aws.ToString(cp.Prefix), dirKey), "/")
+			if name == "" || strings.Contains(name, "/") || name == "." || name == ".." {
+				continue
+			}
+			dirs = append(dirs, name)
+		}
+	}
+	l.setHealth(nil)
+	return files, dirs, nil
+}
+
+// loadDir makes d's children current: listed within the TTL, or listed
+// now and merged with what is changed here and not uploaded yet.
+func (l *Live) loadDir(ctx context.Context, d *ent) syscall.Errno {
+	for {
+		l.mu.Lock()
+		if d.gone {
+			l.mu.Unlock()
+			return syscall.ENOENT
+		}
+		if !d.listedAt.IsZero() && time.Since(d.listedAt) < l.o.TTL {
+			l.mu.Unlock()
+			return 0
+		}
+		if ch := d.listing; ch != nil {
+			l.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return syscall.EINTR
+			}
+		}
+		ch := make(chan struct{})
+		d.listing = ch
+		key := l.key(d)
+		l.mu.Unlock()
+
+		start := time.Now()
+		files, dirs, err := l.list(ctx, key)
+		l.mu.Lock()
+		d.listing = nil
+		close(ch)
+		if err != nil {
+			l.mu.Unlock()
+			return l.errno("list", key, err)
+		}
+		l.mergeLocked(d, key, files, dirs, start)
+		l.mu.Unlock()
+		return 0
+	}
+}
+
+// mergeLocked folds a fresh listing into d. What was made, changed or
+// deleted here and not yet uploaded wins over the listing; clean entries
+// follow it, and a clean file whose ETag changed loses its cached bytes.
+func (l *Live) mergeLocked(d *ent, key string, files []objInfo, dirs []string, start time.Time) {
+	seen := make(map[string]bool, len(files)+len(dirs))
+	for _, f := range files {
+		seen[f.name] = true
+		c := d.children[f.name]
+		if c == nil {
+			if l.tombedLocked(key+f.name, start) {
+				continue // deleted here
+			}
+			d.children[f.name] = &ent{name: f.name, parent: d, ino: l.newIno(), mode: syscall.S_IFREG | 0o644, uid: l.o.UID, gid: l.o.GID,
+				mtime: f.mtime, size: f.size, etag: f.etag, remote: true}
+			continue
+		}
+		if c.isDir() || c.dirty || c.metaDirty || !c.remote || l.q.busy(key+f.name) {
+			continue
+		}
+		if c.etag != f.etag {
+			l.staleLocked(c)
+			c.size, c.etag, c.mtime = f.size, f.etag, f.mtime
+		}
+	}
+	for _, name := range dirs {
+		seen[name] = true
+		c := d.children[name]
+		if c == nil {
+			if l.tombedLocked(key+name+"/", start) || l.q.busyUnder(key+name+"/") {
+				continue
+			}
+			d.children[name] = &ent{name: name, parent: d, ino: l.newIno(), mode: syscall.S_IFDIR | 0o755, uid: l.o.UID, gid: l.o.GID,
+				mtime: time.Now(), remote: true, children: map[string]*ent{}}
+			continue
+		}
+		c.remote = true
+	}
+	for name, c := range d.children {
+		if seen[name] || c.changed.After(start) || l.busyLocked(c) {
+			continue
+		}
+		// Gone from the bucket, and nothing here holds it.
+		c.gone = true
+		delete(d.children, name)
+		if c.data != nil {
+			c.data.Drop()
+			c.data = nil
+		}
+	}
+	d.listedAt = time.Now()
+}
+
+// tombedLocked reports whether key was deleted here after a listing that
+// started at start could have seen it.
+func (l *Live) tombedLocked(key string, start time.Time) bool {
+	t, ok := l.tombs[key]
+	return ok && (t.IsZero() || t.After(start))
+}
+
+// buried records finished deletes, for the keys and for the directories
+// deleted here above them (a directory's prefix lists until its last key
+// is gone).
+func (l *Live) buried(keys []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	for _, k := range keys {
+		if _, ok := l.tombs[k]; ok {
+			l.tombs[k] = now
+		}
+		for p := strings.TrimSuffix(k, "/"); len(p) > len(l.o.Prefix); {
+			i := strings.LastIndexByte(p, '/')
+			if i < 0 {
+				break
+			}
+			p = p[:i]
+			if _, ok := l.tombs[p+"/"]; ok {
+				l.tombs[p+"/"] = now
+			}
+		}
+	}
+	if now.Sub(l.lastPrune) > 30*time.Second {
+		l.lastPrune = now
+		for k, t := range l.tombs {
+			if !t.IsZero() && now.Sub(t) > 5*time.Minute {
+				delete(l.tombs, k)
+			}
+		}
+	}
+}
+
+// busyLocked reports whether e, or anything below it, has changes here
+// that the bucket does not have yet.
+func (l *Live) busyLocked(e *ent) bool {
+	if !e.remote || e.dirty || e.metaDirty || e.opens > 0 {
+		return true
+	}
+	if l.q.busy(l.key(e)) {
+		return true
+	}
+	for _, c := range e.children {
+		if l.busyLocked(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// staleLocked drops a clean file's cached bytes and metadata: the object
+// changed.
+func (l *Live) staleLocked(e *ent) {
+	if e.data != nil && !e.dirty {
+		// Open handles read a fresh file on their next read.
+		e.data.Drop()
+		e.data = nil
+	}
+	e.ver++
+	e.metaKnown = false
+	e.link = ""
+}
+
+// head reads e's metadata if it is not known yet (a file listed, not
+// read; a directory that may have a marker).
+func (l *Live) head(ctx context.Context, e *ent) syscall.Errno {
+	l.mu.Lock()
+	if e.metaKnown || !e.remote || e.parent == nil {
+		l.mu.Unlock()
+		return 0
+	}
+	key := l.key(e)
+	l.mu.Unlock()
+	out, err := l.o.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &l.o.Bucket, Key: &key})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		if IsNotFound(err) {
+			if e.isDir() {
+				e.metaKnown = true // no marker: the defaults stand
+				return 0
+			}
+			e.gone = true
+			if e.parent != nil && e.parent.children[e.name] == e {
+				delete(e.parent.children, e.name)
+			}
+			return syscall.ENOENT
+		}
+		l.mu.Unlock()
+		errno := l.errno("head", key, err)
+		l.mu.Lock()
+		return errno
+	}
+	if !e.isDir() && e.etag != "" && aws.ToString(out.ETag) != e.etag {
+		l.staleLocked(e)
+	}
+	if !e.isDir() {
+		e.size, e.etag = aws.ToInt64(out.ContentLength), aws.ToString(out.ETag)
+	}
+	applyMetadata(e, out.Metadata, aws.ToTime(out.LastModified))
+	return 0
+}
+
+// headAll reads the metadata of d's children not read yet, several at
+// once, so that a listing's lookups need no round trip each.
+func (l *Live) headAll(ctx context.Context, d *ent) {
+	l.mu.Lock()
+	var todo []*ent
+	for _, c := range d.children {
+		if !c.metaKnown && c.remote {
+			todo = append(todo, c)
+		}
+	}
+	l.mu.Unlock()
+	if len(todo) < 2 {
+		return
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(32)
+	for _, c := range todo {
+		g.Go(func() error { l.head(gctx, c); return nil })
+	}
+	g.Wait()
+}
+
+// --- reading ---
+
+// maxFetch bounds one ranged GET.
+const maxFetch = 8 * cache.ChunkSize
+
+// fill makes chunks [first, last] of e's cached file present, fetching
+// the missing runs with ranged GETs (several at once) conditional on the
+// ETag the cache holds. Each chunk is fetched once however many readers
+// want it.
+func (l *Live) fill(ctx context.Context, e *ent, f *cache.File, first, last int64, wait bool) error {
+	l.mu.Lock()
+	key, etag := l.key(e), e.etag
+	l.mu.Unlock()
+	missing := f.Missing(first*cache.ChunkSize, (last+1)*cache.ChunkSize)
+	if len(missing) == 0 {
+		return nil
+	}
+	var waits []*fetchCall
+	l.fetch.Lock()
+	var run []int64
+	start := func() {
+		if len(run) == 0 {
+			return
+		}
+		c := &fetchCall{done: make(chan struct{})}
+		for _, i := range run {
+			l.inflight[chunkKey{f, i}] = c
+		}
+		waits = append(waits, c)
+		r := run
+		run = nil
+		go func() {
+			c.err = l.get(context.WithoutCancel(ctx), key, etag, f, r[0], r[len(r)-1])
+			l.fetch.Lock()
+			for _, i := range r {
+				delete(l.inflight, chunkKey{f, i})
+			}
+			l.fetch.Unlock()
+			close(c.done)
+		}()
+	}
+	for _, i := range missing {
+		if c := l.inflight[chunkKey{f, i}]; c != nil {
+			start()
+			waits = append(waits, c)
+			continue
+		}
+		if len(run) > 0 && (run[len(run)-1] != i-1 || int64(len(run)) == maxFetch/cache.ChunkSize) {
+			start()
+		}
+		run = append(run, i)
+	}
+	start()
+	l.fetch.Unlock()
+	if !wait {
+		return nil
+	}
+	for _, c := range waits {
+		select {
+		case <-c.done:
+			if c.err != nil {
+				return c.err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// get fetches chunks [first, last] of key into f.
+func (l *Live) get(ctx context.Context, key, etag string, f *cache.File, first, last int64) error {
+	l.sem <- struct{}{}
+	defer func() { <-l.sem }()
+	size := f.Size()
+	off := first * cache.ChunkSize
+	end := min((last+1)*cache.ChunkSize, size)
+	if off >= end {
+		return nil
+	}
+	in := &s3.GetObjectInput{Bucket: &l.o.Bucket, Key: &key, Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, end-1))}
+	if etag != "" {
+		in.IfMatch = aws.String(etag)
+	}
+	out, err := l.o.Client.GetObject(ctx, in)
+	if err != nil {
+		if IsPrecondition(err) {
+			return fmt.Errorf("%s changed while it was read: %w", l.url(key), syscall.ESTALE)
+		}
+		return fmt.Errorf("get %s: %w", l.url(key), err)
+	}
+	defer out.Body.Close()
+	buf := make([]byte, cache.ChunkSize)
+	for i := first; i*cache.ChunkSize < end; i++ {
+		n := min(int64(cache.ChunkSize), size-i*cache.ChunkSize)
+		if _, err := io.ReadFull(out.Body, buf[:n]); err != nil {
+			return fmt.Errorf("get %s: %w", l.url(key), err)
+		}
+		if err := f.Fill(i, buf[:n]); err != nil {
+			return err
+		}
+	}
+	l.setHealth(nil)
+	return nil
+}
+
+// --- the write-back ops ---
+
+func (l *Live) enqueuePut(e *ent, delay time.Duration) chan error {
+	l.mu.Lock()
+	key := l.key(e)
+	l.mu.Unlock()
+	return l.q.add(&op{key: key, kind: opPut, e: e}, delay, delay == 0)
+}
+
+func (l *Live) enqueueDel(key string) {
+	l.q.add(&op{key: key, kind: opDel}, l.o.WriteBack, false)
+}
+
+// runOps runs a batch from the queue: one put, or up to 1000 deletes.
+func (l *Live) runOps(batch []*op) []error {
+	ctx := context.Background()
+	errs := make([]error, len(batch))
+	if batch[0].kind == opDel {
+		keys := make([]types.ObjectIdentifier, len(batch))
+		for i, o := range batch {
+			keys[i] = types.ObjectIdentifier{Key: aws.String(o.key)}
+		}
+		out, err := l.o.Client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &l.o.Bucket, Delete: &types.Delete{Objects: keys, Quiet: aws.Bool(true)}})
+		if err != nil {
+			// Not every server has DeleteObjects: one at a time.
+			for i, o := range batch {
+				_, errs[i] = l.o.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.o.Bucket, Key: aws.String(o.key)})
+				if errs[i] != nil && IsNotFound(errs[i]) {
+					errs[i] = nil
+				}
+			}
+		} else {
+			failed := map[string]error{}
+			for _, e := range out.Errors {
+				if aws.ToString(e.Code) != "NoSuchKey" {
+					failed[aws.ToString(e.Key)] = fmt.Errorf("delete: %s %s", aws.ToString(e.Code), aws.ToString(e.Message))
+				}
+			}
+			for i, o := range batch {
+				errs[i] = failed[o.key]
+			}
+		}
+		var done []string
+		for i, o := range batch {
+			if errs[i] != nil {
+				l.errno("delete", o.key, errs[i])
+			} else {
+				done = append(done, o.key)
+			}
+		}
+		l.buried(done)
+		return errs
+	}
+	o := batch[0]
+	errs[0] = l.put(ctx, o)
+	if errs[0] != nil {
+		l.errno("upload", o.key, errs[0])
+	}
+	return errs
+}
+
+// put uploads e's bytes (or only its metadata, or a directory marker) to
+// the key the op names, if e still lives there.
+func (l *Live) put(ctx context.Context, o *op) error {
+	e := o.e
+	l.mu.Lock()
+	if e.gone {
+		l.mu.Unlock()
+		return nil // deleted since
+	}
+	if l.key(e) != o.key {
+		// Moved since: upload at the new key (the move deletes the old).
+		l.mu.Unlock()
+		l.enqueuePut(e, l.o.WriteBack)
+		return nil
+	}
+	gen, dirty, md := e.gen, e.dirty, metadata(e)
+	up := Upload{Bucket: l.o.Bucket, Key: o.key, Metadata: md}
+	var body *strings.Reader
+	switch {
+	case e.isDir():
+		body, up.ContentType = strings.NewReader(""), dirContentType
+	case e.mode&syscall.S_IFMT == syscall.S_IFLNK:
+		body = strings.NewReader(e.link)
+	case dirty:
+		up.Body, up.Size = e.data.Reader(), e.data.Size()
+	case !e.metaDirty:
+		l.mu.Unlock()
+		return nil
+	}
+	if body != nil {
+		up.Body, up.Size = body, body.Size()
+	}
+	l.mu.Unlock()
+
+	var etag string
+	var err error
+	if up.Body == nil {
+		etag, err = l.setMetadata(ctx, o.key, md)
+	} else {
+		etag, err = Put(ctx, l.o.Client, up)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		e.upErr = err
+		return err
+	}
+	l.health = nil
+	delete(l.tombs, o.key)
+	e.changed = time.Now()
+	e.upErr = nil
+	e.remote = true
+	if !e.isDir() {
+		e.etag = etag
+	}
+	if e.gen == gen {
+		if dirty {
+			e.size = up.Size
+		}
+		if e.dirty && e.data != nil {
+			e.data.Unpin()
+		}
+		e.dirty, e.metaDirty = false, false
+		if e.gone && e.data != nil && e.opens == 0 {
+			e.data.Drop()
+			e.data = nil
+		}
+	}
+	return nil
+}
+
+// setMetadata replaces the metadata of the object at key. S3 does this
+// by copying an object onto itself, but not every S3-compatible server
+// copies a key onto itself safely (versitygw's posix backend empties it),
+// so the object goes to a temporary key and back.
+func (l *Live) setMetadata(ctx context.Context, key string, md map[string]string) (string, error) {
+	tmp := key + ".amlfs-meta-" + strconv.FormatUint(l.ino.Add(1), 36)
+	if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &tmp, CopySource: aws.String(CopySource(l.o.Bucket, key)),
+		Metadata: md, MetadataDirective: types.MetadataDirectiveReplace}); err != nil {
+		return "", err
+	}
+	defer l.o.Client.DeleteObject(context.WithoutCancel(ctx), &s3.DeleteObjectInput{Bucket: &l.o.Bucket, Key: &tmp})
+	out, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &key, CopySource: aws.String(CopySource(l.o.Bucket, tmp)),
+		MetadataDirective: types.MetadataDirectiveCopy})
+	if err != nil {
+		return "", err
+	}
+	if out.CopyObjectResult == nil {
+		return "", nil
+	}
+	return aws.ToString(out.CopyObjectResult.ETag), nil
+}
+
+// moveKeys copies every object under from to the same name under to, then
+// deletes the originals (a directory rename).
+func (l *Live) moveKeys(ctx context.Context, from, to string) error {
+	var keys []string
+	p := s3.NewListObjectsV2Paginator(l.o.Client, &s3.ListObjectsV2Input{Bucket: &l.o.Bucket, Prefix: &from})
+	for p.HasMorePages() {
+		out, err := p.NextPage(ctx)
+		if err != nil {
+			return err
+		}
+		for _, o := range out.Contents {
+			keys = append(keys, aws.ToString(o.Key))
+		}
+	}
+	sort.Strings(keys)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(l.o.Workers)
+	for _, k := range keys {
+		g.Go(func() error {
+			dst := to + strings.TrimPrefix(k, from)
+			if strings.HasSuffix(k, "/") {
+				// A directory marker: some servers refuse to copy
+				// one, so put a new marker with the old metadata.
+				head, err := l.o.Client.HeadObject(gctx, &s3.HeadObjectInput{Bucket: &l.o.Bucket, Key: &k})
+				if err != nil {
+					return err
+				}
+				_, err = l.o.Client.PutObject(gctx, &s3.PutObjectInput{Bucket: &l.o.Bucket, Key: &dst, Body: strings.NewReader(""),
+					ContentLength: aws.Int64(0), Metadata: head.Metadata, ContentType: aws.String(dirContentType)})
+				return err
+			}
+			_, err := l.o.Client.CopyObject(gctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &dst,
+				CopySource: aws.String(CopySource(l.o.Bucket, k))})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for i := 0; i < len(keys); i += 1000 {
+		var ids []types.ObjectIdentifier
+		for _, k := range keys[i:min(i+1000, len(keys))] {
+			ids = append(ids, types.ObjectIdentifier{Key: aws.String(k)})
+		}
+		if _, err := l.o.Client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &l.o.Bucket, Delete: &types.Delete{Objects: ids, Quiet: aws.Bool(true)}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Refresh forgets what is cached of sub (a path below the mount root; ""
+// for all of it): listings, metadata and bytes of everything there that
+// has no changes waiting to upload, and the kernel's entries, attributes
+// and pages of it. The next access asks the bucket.
+func (l *Live) Refresh(sub string) error {
+	var parts []string
+	if sub != "" {
+		parts = strings.Split(sub, "/")
+	}
+	l.mu.Lock()
+	e := l.rootE
+	for _, name := range parts {
+		e.listedAt = time.Time{}
+		if e = e.children[name]; e == nil {
+			break
+		}
+	}
+	if e != nil {
+		walk(e, func(x *ent) {
+			switch {
+			case x.isDir():
+				x.listedAt = time.Time{}
+				if x.parent != nil && !x.metaDirty {
+					x.metaKnown = false
+				}
+			case !x.dirty && !x.metaDirty && x.remote:
+				l.staleLocked(x)
+			}
+		})
+	}
+	l.mu.Unlock()
+
+	amlfuse.Invalidate(l.root.EmbeddedInode(), sub)
+	return nil
+}

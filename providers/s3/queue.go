@@ -1,0 +1,248 @@
+package s3
+
+import (
+	"container/list"
+	"context"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The write-back queue orders a live mount's changes to the bucket. Each
+// op names one key. Ops on one key run one at a time, in order; an op
+// that has not started is replaced by a newer op on its key (a delete
+// after an upload needs only the delete), and its waiters wait for the
+// newer op instead. Ops on different keys run in parallel, and deletes are
+// batched (DeleteObjects, up to 1000 keys).
+
+type opKind int
+
+const (
+	opPut opKind = iota // upload the entry's bytes or metadata (or dir marker)
+	opDel               // delete the key
+)
+
+type op struct {
+	key       string
+	kind      opKind
+	e         *ent // opPut
+	notBefore time.Time
+	waiters   []chan error
+	elem      *list.Element
+	tries     int
+}
+
+type queue struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	order   *list.List      // GUARDED_BY(mu): *op not started, by notBefore
+	pending map[string]*op  // GUARDED_BY(mu): not started, by key
+	running map[string]bool // GUARDED_BY(mu)
+	closed  bool            // GUARDED_BY(mu)
+	lastErr error           // GUARDED_BY(mu): of the last failed op, nil after a success
+	wake    chan struct{}   // a timer tick or a new op
+	run     func(batch []*op) []error
+}
+
+func newQueue(workers int, run func([]*op) []error) *queue {
+	q := &queue{order: list.New(), pending: map[string]*op{}, running: map[string]bool{}, run: run, wake: make(chan struct{}, 1)}
+	q.cond = sync.NewCond(&q.mu)
+	for range workers {
+		go q.worker()
+	}
+	go q.ticker()
+	return q
+}
+
+// ticker wakes the workers when delayed ops come due.
+func (q *queue) ticker() {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for range t.C {
+		q.mu.Lock()
+		if q.closed && q.order.Len() == 0 && len(q.running) == 0 {
+			q.mu.Unlock()
+			return
+		}
+		q.cond.Broadcast()
+		q.mu.Unlock()
+	}
+}
+
+// add queues an op after delay (0: at once, ahead of delayed ops). A
+// returned channel, if wait is set, gets the op's result.
+func (q *queue) add(o *op, delay time.Duration, wait bool) chan error {
+	var ch chan error
+	if wait {
+		ch = make(chan error, 1)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if old := q.pending[o.key]; old != nil {
+		q.order.Remove(old.elem)
+		o.waiters = append(o.waiters, old.waiters...)
+		if delay > 0 && old.notBefore.IsZero() {
+			delay = 0 // an urgent op stays urgent
+		}
+	}
+	if ch != nil {
+		o.waiters = append(o.waiters, ch)
+	}
+	q.pending[o.key] = o
+	if delay > 0 {
+		o.notBefore = time.Now().Add(delay)
+		o.elem = q.order.PushBack(o)
+	} else {
+		o.notBefore = time.Time{}
+		o.elem = q.order.PushFront(o)
+	}
+	q.cond.Broadcast()
+	return ch
+}
+
+// busy reports whether an op on key is queued or running.
+func (q *queue) busy(key string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pending[key] != nil || q.running[key]
+}
+
+// busyUnder reports whether any op under prefix is queued or running.
+func (q *queue) busyUnder(prefix string) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busyUnderLocked(prefix)
+}
+
+func (q *queue) busyUnderLocked(prefix string) bool {
+	for k := range q.pending {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	for k := range q.running {
+		if strings.HasPrefix(k, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// flush makes every op under prefix urgent and waits until none is left.
+func (q *queue) flush(ctx context.Context, prefix string) error {
+	q.mu.Lock()
+	for e := q.order.Front(); e != nil; {
+		next := e.Next()
+		o := e.Value.(*op)
+		if strings.HasPrefix(o.key, prefix) && !o.notBefore.IsZero() {
+			o.notBefore = time.Time{}
+			q.order.MoveToFront(e)
+		}
+		e = next
+	}
+	q.cond.Broadcast()
+	q.mu.Unlock()
+	for {
+		q.mu.Lock()
+		busy, err := q.busyUnderLocked(prefix), q.lastErr
+		q.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return err
+			}
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Len is the number of ops queued or running.
+func (q *queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending) + len(q.running)
+}
+
+func (q *queue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
+
+// next takes the ops to run next: the first due op whose key is not
+// running, and for a delete up to 999 more due deletes.
+func (q *queue) next() []*op {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		if q.closed && q.order.Len() == 0 {
+			return nil
+		}
+		now := time.Now()
+		var batch []*op
+		for e := q.order.Front(); e != nil; e = e.Next() {
+			o := e.Value.(*op)
+			if !q.closed && o.notBefore.After(now) {
+				break // delayed ops are in due order after the urgent ones
+			}
+			if q.running[o.key] {
+				continue
+			}
+			if len(batch) > 0 && (o.kind != opDel || batch[0].kind != opDel) {
+				continue
+			}
+			batch = append(batch, o)
+			if o.kind != opDel || len(batch) == 1000 {
+				break
+			}
+		}
+		if len(batch) > 0 {
+			for _, o := range batch {
+				q.order.Remove(o.elem)
+				delete(q.pending, o.key)
+				q.running[o.key] = true
+			}
+			return batch
+		}
+		q.cond.Wait()
+	}
+}
+
+func (q *queue) worker() {
+	for {
+		batch := q.next()
+		if batch == nil {
+			return
+		}
+		errs := q.run(batch)
+		q.mu.Lock()
+		for i, o := range batch {
+			delete(q.running, o.key)
+			err := errs[i]
+			for _, w := range o.waiters {
+				w <- err
+			}
+			o.waiters = nil
+			if err != nil {
+				q.lastErr = err
+				if q.pending[o.key] == nil && (!q.closed || o.tries < 3) {
+					// Try again later, unless a newer op on the key
+					// has superseded this one.
+					o.tries++
+					o.notBefore = time.Now().Add(min(time.Duration(o.tries)*time.Second, 30*time.Second))
+					q.pending[o.key] = o
+					o.elem = q.order.PushBack(o)
+				}
+			} else {
+				q.lastErr = nil
+			}
+		}
+		q.cond.Broadcast()
+		q.mu.Unlock()
+	}
+}
