@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -174,7 +175,11 @@ func (l *Live) errno(op, key string, err error) syscall.Errno {
 		return 0
 	}
 	var en syscall.Errno
+	var ne net.Error
 	switch {
+	case errors.As(err, &ne):
+		// The bucket is unreachable: not the errno of a local call
+		// (ECONNREFUSED) but EIO, below.
 	case errors.As(err, &en):
 		return en
 	case errors.Is(err, context.Canceled):

@@ -1,0 +1,138 @@
+package s3
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// recorder runs ops by recording them; ops on one key must never overlap.
+type recorder struct {
+	mu      sync.Mutex
+	ran     []string
+	batches [][]string
+	active  map[string]bool
+	fail    map[string]int // fail this many times
+	t       *testing.T
+}
+
+func (r *recorder) run(batch []*op) []error {
+	r.mu.Lock()
+	var keys []string
+	for _, o := range batch {
+		if r.active[o.key] {
+			r.t.Errorf("two ops on %s at once", o.key)
+		}
+		r.active[o.key] = true
+		keys = append(keys, o.key)
+	}
+	r.batches = append(r.batches, keys)
+	r.mu.Unlock()
+	time.Sleep(5 * time.Millisecond)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	errs := make([]error, len(batch))
+	for i, o := range batch {
+		delete(r.active, o.key)
+		kind := "put"
+		if o.kind == opDel {
+			kind = "del"
+		}
+		if r.fail[o.key] > 0 {
+			r.fail[o.key]--
+			errs[i] = errors.New("injected")
+			continue
+		}
+		r.ran = append(r.ran, kind+" "+o.key)
+	}
+	return errs
+}
+
+func TestQueueReplacesWaitingOps(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t}
+	q := newQueue(4, r.run)
+	defer q.close()
+	// put then delete of one key before either starts: only the delete.
+	q.add(&op{key: "a", kind: opPut}, time.Hour, false)
+	ch := q.add(&op{key: "a", kind: opDel}, 0, true)
+	if err := <-ch; err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fmt.Sprint(r.ran) != "[del a]" {
+		t.Fatalf("ran %v, want only the delete", r.ran)
+	}
+}
+
+func TestQueueBatchesDeletesAndFlushes(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t}
+	q := newQueue(2, r.run)
+	defer q.close()
+	for i := range 2500 {
+		q.add(&op{key: fmt.Sprintf("d/%04d", i), kind: opDel}, 50*time.Millisecond, false)
+	}
+	q.add(&op{key: "other", kind: opPut}, time.Hour, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := q.flush(ctx, "d/"); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	n, batches := len(r.ran), len(r.batches)
+	r.mu.Unlock()
+	if n != 2500 {
+		t.Fatalf("%d deletes ran, want 2500", n)
+	}
+	if batches > 6 {
+		t.Fatalf("%d batches for 2500 deletes, want them batched by up to 1000", batches)
+	}
+	if q.Len() != 1 {
+		t.Fatalf("queue holds %d ops, want the delayed put only", q.Len())
+	}
+}
+
+func TestQueueRetriesAndReportsFailures(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t, fail: map[string]int{"k": 1}}
+	q := newQueue(2, r.run)
+	defer q.close()
+	if err := <-q.add(&op{key: "k", kind: opPut}, 0, true); err == nil {
+		t.Fatal("a failed op reported success to its waiter")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := q.flush(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if fmt.Sprint(r.ran) != "[put k]" {
+		t.Fatalf("ran %v, want the retry to succeed", r.ran)
+	}
+}
+
+func TestQueueOrdersOpsOnOneKey(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t}
+	q := newQueue(8, r.run)
+	defer q.close()
+	var chans []chan error
+	for i := range 20 {
+		kind := opPut
+		if i%2 == 1 {
+			kind = opDel
+		}
+		chans = append(chans, q.add(&op{key: "same", kind: kind}, 0, true))
+		time.Sleep(time.Millisecond)
+	}
+	for _, ch := range chans {
+		<-ch
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.ran) == 0 || r.ran[len(r.ran)-1] != "del same" {
+		t.Fatalf("ran %v: the last op added must run last", r.ran)
+	}
+}
