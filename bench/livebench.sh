@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-livebench}
 VGW=${AMLFS_VERSITYGW:-$HOME/.cache/amlfs-tools/versitygw}
 TOOLS=${TOOLS:-native amlfs rclone s3fs}
+AWS=/usr/bin/aws   # Debian's awscli (a pyenv shim may shadow it on PATH)
+[ -x "$AWS" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null
 for t in rclone s3fs; do
   case " $TOOLS " in *" $t "*) command -v $t >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $t >/dev/null;; esac
 done
@@ -87,12 +89,14 @@ for tool in $TOOLS; do
   settle; t=$(now); rm -rf "$V/src"; R[$tool.rm]=$(since $t)
   settle; t=$(now); dd if="$WORK/gib" of="$V/gib" bs=1M conv=fsync status=none; R[$tool.write]=$(since $t)
   "umount_$tool" "$MNT"
-  # A cold read: a new mount, no cache.
+  # A cold read of an object put with the AWS CLI: a new mount, no cache.
+  if [ "$tool" = native ]; then cp "$WORK/gib" "$WORK/native/$tool/gibr"; else
+    env -u AWS_CA_BUNDLE "$AWS" --endpoint-url "$EP" s3 cp --quiet "$WORK/gib" "s3://bkt/$tool/gibr"; fi
   rm -rf "$WORK/amlfs-cache" "$WORK/rclone-cache" "$WORK/s3fs-cache"
   "mount_$tool" "$MNT" "$tool"
   [ "$tool" = amlfs ] || ln -sfn "$MNT" "$WORK/view"
   V=$(readlink -f "$WORK/view")
-  settle; t=$(now); cmp "$V/gib" "$WORK/gib"; R[$tool.read]=$(since $t)
+  settle; t=$(now); cmp "$V/gibr" "$WORK/gib"; R[$tool.read]=$(since $t)
   "umount_$tool" "$MNT"
 done
 

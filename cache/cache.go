@@ -15,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"golang.org/x/sys/unix"
@@ -32,7 +34,7 @@ type Cache struct {
 	mu    sync.Mutex
 	lru   *simplelru.LRU[chunk, struct{}] // GUARDED_BY(mu): clean chunks
 	clean int64                           // GUARDED_BY(mu): bytes of clean chunks
-	dirty int64                           // GUARDED_BY(mu): bytes of pinned files
+	pinned int64                          // GUARDED_BY(mu): bytes of dirty or held files
 }
 
 type chunk struct {
@@ -63,14 +65,16 @@ func New(dir string, limit int64) (*Cache, error) {
 type Stats struct {
 	Limit int64 `json:"limit"`
 	Clean int64 `json:"clean"`
-	Dirty int64 `json:"dirty"`
+	// Pinned are the bytes of files that may not be evicted: dirty, or
+	// held open for the kernel to read directly.
+	Pinned int64 `json:"pinned"`
 }
 
 // Stats returns the current byte counts.
 func (c *Cache) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Stats{Limit: c.limit, Clean: c.clean, Dirty: c.dirty}
+	return Stats{Limit: c.limit, Clean: c.clean, Pinned: c.pinned}
 }
 
 // File is one cached object: a sparse file and the chunks present in it.
@@ -82,6 +86,7 @@ type File struct {
 	size    int64    // GUARDED_BY(mu)
 	present []uint64 // GUARDED_BY(mu): bitmap of chunks holding real bytes
 	dirty   bool     // GUARDED_BY(mu): pinned, every chunk present
+	holds   int      // GUARDED_BY(mu): Hold calls not undone; pinned while > 0
 	dropped bool     // GUARDED_BY(mu)
 }
 
@@ -91,15 +96,23 @@ var ErrDropped = errors.New("cache file dropped")
 // NewFile returns an empty cached file for an object of size bytes, with
 // no chunk present.
 func (c *Cache) NewFile(size int64) (*File, error) {
-	f, err := os.CreateTemp(c.dir, "obj-")
-	if err != nil {
-		return nil, err
+	// A file without a name (O_TMPFILE): it lives while it is open, and
+	// making it costs no directory update.
+	fd, err := unix.Open(c.dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	var f *os.File
+	if err == nil {
+		f = os.NewFile(uintptr(fd), filepath.Join(c.dir, "tmpfile"))
+	} else {
+		if f, err = os.CreateTemp(c.dir, "obj-"); err != nil {
+			return nil, err
+		}
+		os.Remove(f.Name())
 	}
-	// The name is not needed again: the file lives while it is open.
-	os.Remove(f.Name())
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return nil, err
+	if size > 0 {
+		if err := f.Truncate(size); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	return &File{c: c, f: f, size: size}, nil
 }
@@ -113,6 +126,9 @@ func (c *Cache) NewDirty() (*File, error) {
 	f.dirty = true
 	return f, nil
 }
+
+// pinnedLocked reports whether none of f's chunks is in the LRU list.
+func (f *File) pinnedLocked() bool { return f.dirty || f.holds > 0 }
 
 func chunks(size int64) int64 { return (size + ChunkSize - 1) / ChunkSize }
 
@@ -144,7 +160,7 @@ func (f *File) Size() int64 {
 	return f.size
 }
 
-// Dirty reports whether the file is pinned.
+// Dirty reports whether the file is dirty (pinned until uploaded).
 func (f *File) Dirty() bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -184,7 +200,7 @@ func (f *File) ReadAt(p []byte, off int64) (n int, ok bool, err error) {
 		}
 	}
 	n, err = f.f.ReadAt(p[:end-off], off)
-	if !f.dirty {
+	if !f.pinnedLocked() {
 		f.c.touch(f, off/ChunkSize, (end-1)/ChunkSize)
 	}
 	return n, true, err
@@ -207,9 +223,9 @@ func (f *File) Fill(i int64, data []byte) error {
 		return err
 	}
 	f.set(i, true)
-	dirty := f.dirty
+	pinned := f.pinnedLocked()
 	f.mu.Unlock()
-	if dirty {
+	if pinned {
 		// Filled while pinned (a write made it dirty first): it counts
 		// with the file's pinned bytes already.
 		return nil
@@ -222,6 +238,10 @@ func (f *File) Fill(i int64, data []byte) error {
 func (f *File) Complete() bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	return f.completeLocked()
+}
+
+func (f *File) completeLocked() bool {
 	for i := int64(0); i < chunks(f.size); i++ {
 		if !f.has(i) {
 			return false
@@ -242,19 +262,18 @@ func (f *File) Pin() error {
 	if f.dirty {
 		return nil
 	}
-	n := chunks(f.size)
-	for i := int64(0); i < n; i++ {
-		if !f.has(i) {
-			return fmt.Errorf("pin: chunk %d is not present", i)
-		}
+	if !f.completeLocked() {
+		return errors.New("pin: the file is not wholly cached")
+	}
+	if !f.pinnedLocked() {
+		f.c.pin(f, chunks(f.size), f.size)
 	}
 	f.dirty = true
-	f.c.pin(f, n, f.size)
 	return nil
 }
 
 // Unpin makes a dirty file clean again (uploaded): its chunks join the LRU
-// list and may be evicted.
+// list and may be evicted, once nothing holds it.
 func (f *File) Unpin() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -262,7 +281,66 @@ func (f *File) Unpin() {
 		return
 	}
 	f.dirty = false
-	f.c.unpin(f, chunks(f.size), f.size)
+	if !f.pinnedLocked() {
+		f.c.unpin(f, chunks(f.size), f.size)
+	}
+}
+
+// Hold keeps a wholly cached file from eviction while the kernel reads or
+// writes it directly (passthrough). It reports false, holding nothing, if
+// a chunk is missing.
+func (f *File) Hold() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.dropped || !f.completeLocked() {
+		return false
+	}
+	if !f.pinnedLocked() {
+		f.c.pin(f, chunks(f.size), f.size)
+	}
+	f.holds++
+	return true
+}
+
+// Unhold undoes one Hold.
+func (f *File) Unhold() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holds == 0 {
+		return
+	}
+	f.holds--
+	if !f.dropped && !f.pinnedLocked() {
+		f.c.unpin(f, chunks(f.size), f.size)
+	}
+}
+
+// Fd is the descriptor of the file, for the kernel to use directly
+// (passthrough) while the file is held.
+func (f *File) Fd() int { return int(f.f.Fd()) }
+
+// Stat returns a pinned file's size and mtime as the disk has them: the
+// kernel may have written it directly. The cache's accounting follows.
+func (f *File) Stat() (int64, time.Time, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.dropped {
+		return 0, time.Time{}, ErrDropped
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.f.Fd()), &st); err != nil {
+		return 0, time.Time{}, err
+	}
+	if f.pinnedLocked() && st.Size != f.size {
+		f.resize(st.Size)
+	}
+	return f.size, time.Unix(st.Mtim.Unix()), nil
+}
+
+// SetMTime sets the file's mtime on disk (see Stat).
+func (f *File) SetMTime(t time.Time) error {
+	ts := []unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", f.f.Fd()), ts, 0)
 }
 
 // WriteAt writes to a dirty file, growing it as needed.
@@ -297,7 +375,7 @@ func (f *File) Truncate(size int64) error {
 // past the old end are zeros, as in the object to be written).
 func (f *File) resize(size int64) {
 	f.c.mu.Lock()
-	f.c.dirty += size - f.size
+	f.c.pinned += size - f.size
 	f.c.mu.Unlock()
 	f.size = size
 	for i := int64(0); i < chunks(size); i++ {
@@ -321,9 +399,9 @@ func (f *File) Drop() {
 	}
 	f.dropped = true
 	n := chunks(f.size)
-	if f.dirty {
+	if f.pinnedLocked() {
 		f.c.mu.Lock()
-		f.c.dirty -= f.size
+		f.c.pinned -= f.size
 		f.c.mu.Unlock()
 	} else {
 		f.c.mu.Lock()
@@ -365,13 +443,13 @@ func (c *Cache) pin(f *File, n, size int64) {
 			c.clean -= min(int64(ChunkSize), size-i*ChunkSize)
 		}
 	}
-	c.dirty += size
+	c.pinned += size
 	c.mu.Unlock()
 }
 
 func (c *Cache) unpin(f *File, n, size int64) {
 	c.mu.Lock()
-	c.dirty -= size
+	c.pinned -= size
 	for i := int64(0); i < n; i++ {
 		c.lru.Add(chunk{f, i}, struct{}{})
 		c.clean += min(int64(ChunkSize), size-i*ChunkSize)
@@ -394,7 +472,7 @@ func (c *Cache) unpin(f *File, n, size int64) {
 // the cache is within its limit, and returns them to be punched out.
 func (c *Cache) overLocked() []chunk {
 	var victims []chunk
-	for c.clean+c.dirty > c.limit && c.lru.Len() > 0 {
+	for c.clean+c.pinned > c.limit && c.lru.Len() > 0 {
 		k, _, _ := c.lru.RemoveOldest()
 		c.clean -= k.f.chunkLenUnlocked(k.idx)
 		victims = append(victims, k)
@@ -416,7 +494,7 @@ func evict(victims []chunk) {
 
 // punch frees chunk i's disk space. The caller holds f.mu.
 func (f *File) punch(i int64) {
-	if f.dropped || f.dirty || !f.has(i) {
+	if f.dropped || f.pinnedLocked() || !f.has(i) {
 		return
 	}
 	f.set(i, false)

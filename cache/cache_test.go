@@ -58,8 +58,8 @@ func TestEvictionKeepsTheBound(t *testing.T) {
 			if err := f.Fill(i, chunkData(uint64(fi*10)+uint64(i), n)); err != nil {
 				t.Fatal(err)
 			}
-			if st := c.Stats(); st.Clean+st.Dirty > limit {
-				t.Fatalf("cache holds %d bytes, over its %d limit", st.Clean+st.Dirty, limit)
+			if st := c.Stats(); st.Clean+st.Pinned > limit {
+				t.Fatalf("cache holds %d bytes, over its %d limit", st.Clean+st.Pinned, limit)
 			}
 			if du := diskUsage(t, c); du > limit+64<<10 {
 				t.Fatalf("cache files take %d bytes on disk, over the %d limit", du, limit)
@@ -114,12 +114,12 @@ func TestDirtyFilesAreNeverEvicted(t *testing.T) {
 	if n, ok, err := d.ReadAt(got, 0); err != nil || !ok || n != len(data) || !bytes.Equal(got, data) {
 		t.Fatalf("dirty file lost bytes: n=%d ok=%v err=%v", n, ok, err)
 	}
-	if st := c.Stats(); st.Dirty != int64(len(data)) || st.Clean != 0 {
+	if st := c.Stats(); st.Pinned != int64(len(data)) || st.Clean != 0 {
 		t.Fatalf("stats %+v: want every clean chunk evicted while dirty bytes exceed the limit", st)
 	}
 	// Uploaded: it becomes clean and the bound applies again.
 	d.Unpin()
-	if st := c.Stats(); st.Clean+st.Dirty > limit {
+	if st := c.Stats(); st.Clean+st.Pinned > limit {
 		t.Fatalf("after unpin: %+v over %d", st, limit)
 	}
 	if err := d.Truncate(10); err == nil {
@@ -152,7 +152,7 @@ func TestPinNeedsEveryChunk(t *testing.T) {
 	if _, _, err := f.ReadAt(make([]byte, 1), 0); err != ErrDropped {
 		t.Fatalf("read after drop: %v", err)
 	}
-	if st := c.Stats(); st.Clean != 0 || st.Dirty != 0 {
+	if st := c.Stats(); st.Clean != 0 || st.Pinned != 0 {
 		t.Fatalf("stats after drop: %+v", st)
 	}
 }
@@ -169,5 +169,41 @@ func TestNewEmptiesTheDirectory(t *testing.T) {
 	}
 	if _, err := New(dir, 10); err == nil {
 		t.Fatal("a cache below one chunk was accepted")
+	}
+}
+
+func TestHeldFilesAreNotEvicted(t *testing.T) {
+	c, err := New(filepath.Join(t.TempDir(), "c"), 2*ChunkSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, _ := c.NewFile(2 * ChunkSize)
+	if f.Hold() {
+		t.Fatal("held a file with missing chunks")
+	}
+	f.Fill(0, chunkData(1, ChunkSize))
+	f.Fill(1, chunkData(2, ChunkSize))
+	if !f.Hold() {
+		t.Fatal("could not hold a whole file")
+	}
+	// Other data pushes past the bound: f stays whole while held.
+	g, _ := c.NewFile(ChunkSize)
+	g.Fill(0, chunkData(3, ChunkSize))
+	if !f.Complete() {
+		t.Fatal("a held file lost chunks")
+	}
+	// Dirty and uploaded while held: still not evictable.
+	if err := f.Pin(); err != nil {
+		t.Fatal(err)
+	}
+	f.Unpin()
+	h, _ := c.NewFile(ChunkSize)
+	h.Fill(0, chunkData(4, ChunkSize))
+	if !f.Complete() {
+		t.Fatal("a held file lost chunks after an upload")
+	}
+	f.Unhold()
+	if st := c.Stats(); st.Clean+st.Pinned > 2*ChunkSize {
+		t.Fatalf("after unhold %+v is over the bound", st)
 	}
 }

@@ -437,10 +437,16 @@ func TestS3LiveProviderDies(t *testing.T) {
 	l.put("g.txt", []byte("never read"), nil)
 	host := t.TempDir()
 	os.WriteFile(filepath.Join(host, "h"), []byte("host"), 0o644)
+	// Unreachable at start: the mount comes up, the S3 paths give EIO.
+	srv.stop()
 	mp := l.mount("dies", append(l.s3Args(), "--mount", "/s=s3://"+s3Bucket+"/dies", "--mount", "/h=file://"+host)...)
-	if got := readFile(t, filepath.Join(mp, "s/f.txt")); got != "before" {
-		t.Fatalf("f.txt = %q", got)
+	if _, err := os.ReadDir(filepath.Join(mp, "s")); !errors.Is(err, syscall.EIO) {
+		t.Errorf("listing with the server down at start: %v, want EIO", err)
 	}
+	sh(t, mp, "cat h/h >/dev/null && echo a > a.txt")
+	srv.start(t)
+	waitFor(t, func() bool { b, err := os.ReadFile(filepath.Join(mp, "s/f.txt")); return err == nil && string(b) == "before" })
+	// Unreachable later.
 	srv.stop()
 	start := time.Now()
 	_, err := os.ReadFile(filepath.Join(mp, "s/g.txt"))

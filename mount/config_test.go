@@ -77,3 +77,30 @@ func FuzzParseStore(f *testing.F) {
 		}
 	})
 }
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{
+		"1048576": 1 << 20, "512MiB": 512 << 20, "10GiB": 10 << 30, "10G": 10 << 30, "3KB": 3 << 10, "2TiB": 2 << 40, " 7 MiB ": 7 << 20,
+	} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "-1", "1.5G", "10XB", "99999999999999999999", "9999999999TiB"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) accepted", in)
+		}
+	}
+}
+
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"10GiB", "1", "512 MiB", "3T", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseSize(s)
+		if err == nil && n < 0 {
+			t.Fatalf("ParseSize(%q) = %d", s, n)
+		}
+	})
+}

@@ -56,15 +56,15 @@ type Live struct {
 	ino   atomic.Uint64
 	fetch sync.Mutex // guards fetching
 
-	mu       sync.Mutex
-	rootE    *ent // GUARDED_BY(mu) for its fields
-	health   error
+	mu     sync.Mutex
+	rootE  *ent // GUARDED_BY(mu) for its fields
+	health error
 	// tombs are keys deleted here: zero while the delete is on its way,
 	// then when it finished. A listing that started before then may
 	// still show the key, and must not bring it back.
 	tombs     map[string]time.Time
 	lastPrune time.Time
-	inflight map[chunkKey]*fetchCall // GUARDED_BY(fetch)
+	inflight  map[chunkKey]*fetchCall // GUARDED_BY(fetch)
 
 	sem chan struct{} // bounds concurrent ranged GETs
 }
@@ -111,6 +111,11 @@ type ent struct {
 	gen       uint64
 	opens     int
 	link      string
+	// ptData is the cache file the kernel has open directly
+	// (passthrough), by ptOpens handles, ptWriters of them writing.
+	ptData    *cache.File
+	ptOpens   int
+	ptWriters int
 	ver       uint64 // bumped when the object changed under the cache
 	upErr     error
 }
@@ -477,6 +482,17 @@ func (l *Live) buried(keys []string) {
 	}
 }
 
+// syncDirtyLocked reads a dirty file's size and mtime from its cache file,
+// which the kernel may have written directly.
+func (l *Live) syncDirtyLocked(e *ent) {
+	if !e.dirty || e.data == nil {
+		return
+	}
+	if size, mtime, err := e.data.Stat(); err == nil {
+		e.size, e.mtime = size, mtime
+	}
+}
+
 // busyLocked reports whether e, or anything below it, has changes here
 // that the bucket does not have yet.
 func (l *Live) busyLocked(e *ent) bool {
@@ -498,8 +514,11 @@ func (l *Live) busyLocked(e *ent) bool {
 // changed.
 func (l *Live) staleLocked(e *ent) {
 	if e.data != nil && !e.dirty {
-		// Open handles read a fresh file on their next read.
-		e.data.Drop()
+		// Open handles read a fresh file on their next read; those the
+		// kernel serves itself keep the old one until they close.
+		if e.ptData != e.data {
+			e.data.Drop()
+		}
 		e.data = nil
 	}
 	e.ver++
@@ -751,6 +770,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 		l.enqueuePut(e, l.o.WriteBack)
 		return nil
 	}
+	l.syncDirtyLocked(e)
 	gen, dirty, md := e.gen, e.dirty, metadata(e)
 	up := Upload{Bucket: l.o.Bucket, Key: o.key, Metadata: md}
 	var body *strings.Reader
@@ -760,7 +780,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	case e.mode&syscall.S_IFMT == syscall.S_IFLNK:
 		body = strings.NewReader(e.link)
 	case dirty:
-		up.Body, up.Size = e.data.Reader(), e.data.Size()
+		up.Body, up.Size = e.data.Reader(), e.size
 	case !e.metaDirty:
 		l.mu.Unlock()
 		return nil
@@ -791,10 +811,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	if !e.isDir() {
 		e.etag = etag
 	}
-	if e.gen == gen {
-		if dirty {
-			e.size = up.Size
-		}
+	if e.gen == gen && e.ptWriters == 0 {
 		if e.dirty && e.data != nil {
 			e.data.Unpin()
 		}

@@ -45,10 +45,8 @@ func (n *node) attrLocked(e *ent, out *fuse.Attr) {
 	if e.isDir() {
 		out.Nlink = 2
 	}
+	n.l.syncDirtyLocked(e)
 	size := e.size
-	if e.data != nil && e.dirty {
-		size = e.data.Size()
-	}
 	if e.mode&syscall.S_IFMT == syscall.S_IFLNK && e.link != "" {
 		size = int64(len(e.link))
 	}
@@ -188,7 +186,6 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		n.l.mu.Lock()
 		err := e.data.Truncate(int64(size))
 		e.gen++
-		e.mtime = time.Now()
 		n.l.mu.Unlock()
 		if err != nil {
 			return syscall.EIO
@@ -208,6 +205,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	}
 	if mt, ok := in.GetMTime(); ok {
 		e.mtime, changed = mt, true
+		if e.dirty && e.data != nil {
+			// A dirty file's mtime is its cache file's (the kernel
+			// may write it directly).
+			e.data.SetMTime(mt)
+		}
 	}
 	if changed {
 		n.touchLocked(e)
@@ -229,6 +231,26 @@ func (l *Live) writable(ctx context.Context, e *ent, trunc bool) syscall.Errno {
 	for range 3 {
 		l.mu.Lock()
 		if e.dirty && e.data != nil {
+			if trunc {
+				e.data.Truncate(0)
+				e.gen++
+			}
+			l.mu.Unlock()
+			return 0
+		}
+		if e.ptData != nil && e.ptData == e.data {
+			// The kernel has this file open directly: change it in
+			// place (it is whole, or it would not be).
+			err := e.data.Pin()
+			if err == nil && trunc {
+				err = e.data.Truncate(0)
+			}
+			if err != nil {
+				l.mu.Unlock()
+				return l.errno("cache", l.key(e), err)
+			}
+			e.dirty = true
+			e.gen++
 			l.mu.Unlock()
 			return 0
 		}
@@ -308,7 +330,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if e.gone {
 		return nil, 0, syscall.ENOENT
 	}
-	if _, errno := n.l.dataLocked(e); errno != 0 {
+	f, errno := n.l.dataLocked(e)
+	if errno != 0 {
 		return nil, 0, errno
 	}
 	e.opens++
@@ -317,8 +340,37 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		fl |= fuse.FOPEN_KEEP_CACHE
 	}
 	n.openedVer = e.ver
-	return &handle{n: n}, fl, 0
+	h := &handle{n: n}
+	// A wholly cached file is read (and, once truncated, written) by
+	// the kernel itself: passthrough to the cache file. Plain writes to
+	// an existing object go through amlfs, so that an open that writes
+	// nothing uploads nothing.
+	write := flags&writeFlags != 0
+	if (!write || e.dirty) && (e.ptData == nil || e.ptData == f) && f.Hold() {
+		return n.l.passthroughLocked(e, h, write), fl, 0
+	}
+	return h, fl, 0
 }
+
+// passthroughLocked makes h a passthrough handle of e's cache file,
+// which the caller has held.
+func (l *Live) passthroughLocked(e *ent, h *handle, write bool) gofs.FileHandle {
+	e.ptData = e.data
+	e.ptOpens++
+	h.pt, h.ptWrite = e.data, write
+	if write {
+		e.ptWriters++
+	}
+	return &ptHandle{handle: h}
+}
+
+// ptHandle is a handle the kernel reads and writes itself, on the cache
+// file (FUSE passthrough).
+type ptHandle struct{ *handle }
+
+var _ = (gofs.FilePassthroughFder)((*ptHandle)(nil))
+
+func (h *ptHandle) PassthroughFd() (int, bool) { return h.pt.Fd(), true }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	if n.ro() {
@@ -342,6 +394,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	n.entryOut(c, out)
 	ch := n.child(ctx, c)
 	h := &handle{n: ch.Operations().(*node)}
+	if f.Hold() {
+		return ch, n.l.passthroughLocked(c, h, true), 0, 0
+	}
 	return ch, h, 0, 0
 }
 
@@ -625,6 +680,14 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	return 0
 }
 
+var _ = (gofs.NodeFlusher)((*node)(nil))
+
+// Flush answers ENOSYS, after which the kernel stops sending FLUSH (as the
+// workspace does): close needs nothing from amlfs but the release.
+func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
+	return syscall.ENOSYS
+}
+
 func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
 	return n.l.fsync(ctx, n.e)
 }
@@ -656,6 +719,10 @@ func (l *Live) fsync(ctx context.Context, e *ent) syscall.Errno {
 // handle is an open file: it tracks sequential reads for readahead.
 type handle struct {
 	n *node
+	// pt is the cache file the kernel uses directly (passthrough), held
+	// until release; ptWrite if it may write it.
+	pt      *cache.File
+	ptWrite bool
 
 	next   int64 // where a sequential read would start
 	window int64 // readahead, grown while reads are sequential
@@ -666,7 +733,6 @@ var (
 	_ = (gofs.FileWriter)((*handle)(nil))
 	_ = (gofs.FileReleaser)((*handle)(nil))
 	_ = (gofs.FileFsyncer)((*handle)(nil))
-	_ = (gofs.FileFlusher)((*handle)(nil))
 	_ = (gofs.FileGetattrer)((*handle)(nil))
 )
 
@@ -728,7 +794,6 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	n, err := f.WriteAt(data, off)
 	l.mu.Lock()
 	e.gen++
-	e.mtime = time.Now()
 	l.mu.Unlock()
 	if err != nil {
 		return uint32(n), l.errno("write", "", err)
@@ -740,8 +805,6 @@ func (h *handle) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
 	return h.n.Getattr(ctx, nil, out)
 }
 
-func (h *handle) Flush(ctx context.Context) syscall.Errno { return 0 }
-
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return h.n.l.fsync(ctx, h.n.e)
 }
@@ -751,6 +814,21 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	l, e := h.n.l, h.n.e
 	l.mu.Lock()
 	e.opens--
+	if h.pt != nil {
+		h.pt.Unhold()
+		e.ptOpens--
+		if h.ptWrite {
+			// The kernel wrote the cache file directly.
+			e.ptWriters--
+			e.gen++
+		}
+		if e.ptOpens == 0 {
+			if e.ptData != e.data {
+				e.ptData.Drop() // replaced while open (the object changed)
+			}
+			e.ptData = nil
+		}
+	}
 	upload := e.opens == 0 && (e.dirty || e.metaDirty) && !e.gone
 	if e.opens == 0 && e.gone && e.data != nil {
 		e.data.Drop()
