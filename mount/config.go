@@ -71,7 +71,7 @@ type Config struct {
 // Defaults of the S3 live mounts.
 const (
 	DefaultCacheSize   = 10 << 30
-	DefaultMetadataTTL = 10 * time.Second
+	DefaultMetadataTTL = time.Minute
 )
 
 func invalid(subject, format string, args ...any) error {

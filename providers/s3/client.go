@@ -15,6 +15,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
@@ -30,7 +31,13 @@ type Options struct {
 
 // NewClient builds an S3 client from the standard config chain.
 func NewClient(ctx context.Context, o Options) (*s3.Client, error) {
+	// Keep a connection per concurrent request: the default of 10 idle
+	// connections per host makes 16 uploads at once dial again and again.
+	hc := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 128
+	})
 	cfg, err := config.LoadDefaultConfig(ctx,
+		config.WithHTTPClient(hc),
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(so *retry.StandardOptions) {
 				so.MaxAttempts = 8

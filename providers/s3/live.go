@@ -109,6 +109,7 @@ type ent struct {
 	dirty     bool // bytes to upload
 	metaDirty bool // metadata to set on the object
 	gen       uint64
+	upGen     uint64 // the gen of the last upload
 	opens     int
 	link      string
 	// ptData is the cache file the kernel has open directly
@@ -126,7 +127,7 @@ func (e *ent) isDir() bool { return e.mode&syscall.S_IFMT == syscall.S_IFDIR }
 // that is unreachable now gives EIO on its paths until it answers.
 func NewLive(o LiveOptions) *Live {
 	if o.TTL <= 0 {
-		o.TTL = 10 * time.Second
+		o.TTL = time.Minute
 	}
 	if o.Workers <= 0 {
 		o.Workers = 16
@@ -811,6 +812,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	if !e.isDir() {
 		e.etag = etag
 	}
+	e.upGen = max(e.upGen, gen)
 	if e.gen == gen && e.ptWriters == 0 {
 		if e.dirty && e.data != nil {
 			e.data.Unpin()

@@ -169,6 +169,7 @@ func (n *node) touchLocked(e *ent) {
 }
 
 func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	n.l.q.touch()
 	if n.ro() {
 		return syscall.EROFS
 	}
@@ -373,6 +374,7 @@ var _ = (gofs.FilePassthroughFder)((*ptHandle)(nil))
 func (h *ptHandle) PassthroughFd() (int, bool) { return h.pt.Fd(), true }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	n.l.q.touch()
 	if n.ro() {
 		return nil, nil, 0, syscall.EROFS
 	}
@@ -412,6 +414,7 @@ func (n *node) newEntLocked(ctx context.Context, name string, mode uint32) *ent 
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	n.l.q.touch()
 	if n.ro() {
 		return nil, syscall.EROFS
 	}
@@ -440,6 +443,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	n.l.q.touch()
 	if n.ro() {
 		return nil, syscall.EROFS
 	}
@@ -508,6 +512,7 @@ func (n *node) removeLocked(c *ent) string {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	n.l.q.touch()
 	if n.ro() {
 		return syscall.EROFS
 	}
@@ -531,6 +536,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	n.l.q.touch()
 	if n.ro() {
 		return syscall.EROFS
 	}
@@ -565,6 +571,7 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	n.l.q.touch()
 	np, ok := n.same(newParent)
 	if !ok {
 		return syscall.EXDEV
@@ -701,6 +708,9 @@ func (l *Live) fsync(ctx context.Context, e *ent) syscall.Errno {
 			l.mu.Unlock()
 			return 0
 		}
+		// Every write before this fsync is in what an upload that
+		// starts from now on reads: that upload is enough.
+		gen := e.gen
 		key := l.key(e)
 		l.mu.Unlock()
 		ch := l.enqueuePut(e, 0)
@@ -711,6 +721,12 @@ func (l *Live) fsync(ctx context.Context, e *ent) syscall.Errno {
 			}
 		case <-ctx.Done():
 			return syscall.EINTR
+		}
+		l.mu.Lock()
+		done := e.upGen >= gen
+		l.mu.Unlock()
+		if done {
+			return 0
 		}
 	}
 	return 0
@@ -811,6 +827,7 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 // Release queues the upload of a changed file once its last handle closes.
 func (h *handle) Release(ctx context.Context) syscall.Errno {
+	h.n.l.q.touch()
 	l, e := h.n.l, h.n.e
 	l.mu.Lock()
 	e.opens--

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,6 +28,7 @@ type op struct {
 	kind      opKind
 	e         *ent // opPut
 	notBefore time.Time
+	added     time.Time
 	waiters   []chan error
 	elem      *list.Element
 	tries     int
@@ -40,12 +42,25 @@ type queue struct {
 	running map[string]bool // GUARDED_BY(mu)
 	closed  bool            // GUARDED_BY(mu)
 	lastErr error           // GUARDED_BY(mu): of the last failed op, nil after a success
-	wake    chan struct{}   // a timer tick or a new op
 	run     func(batch []*op) []error
+	// active is when the mount last served a change (unix ns). Delayed
+	// ops wait while changes keep coming, up to maxWait, so that the
+	// uploads of a burst (an untar, an rm -rf) do not slow the burst.
+	active atomic.Int64
 }
 
+// Background ops wait for the mount to be idle this long, but never more
+// than maxWait after they were queued.
+const (
+	idleFor = 100 * time.Millisecond
+	maxWait = 5 * time.Second
+)
+
+// touch records foreground activity.
+func (q *queue) touch() { q.active.Store(time.Now().UnixNano()) }
+
 func newQueue(workers int, run func([]*op) []error) *queue {
-	q := &queue{order: list.New(), pending: map[string]*op{}, running: map[string]bool{}, run: run, wake: make(chan struct{}, 1)}
+	q := &queue{order: list.New(), pending: map[string]*op{}, running: map[string]bool{}, run: run}
 	q.cond = sync.NewCond(&q.mu)
 	for range workers {
 		go q.worker()
@@ -89,6 +104,7 @@ func (q *queue) add(o *op, delay time.Duration, wait bool) chan error {
 		o.waiters = append(o.waiters, ch)
 	}
 	q.pending[o.key] = o
+	o.added = time.Now()
 	if delay > 0 {
 		o.notBefore = time.Now().Add(delay)
 		o.elem = q.order.PushBack(o)
@@ -184,10 +200,11 @@ func (q *queue) next() []*op {
 			return nil
 		}
 		now := time.Now()
+		idle := now.Sub(time.Unix(0, q.active.Load())) >= idleFor
 		var batch []*op
 		for e := q.order.Front(); e != nil; e = e.Next() {
 			o := e.Value.(*op)
-			if !q.closed && o.notBefore.After(now) {
+			if !q.closed && !o.notBefore.IsZero() && (o.notBefore.After(now) || !idle && now.Sub(o.added) < maxWait) {
 				break // delayed ops are in due order after the urgent ones
 			}
 			if q.running[o.key] {
