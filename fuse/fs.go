@@ -21,6 +21,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // Options configure a mount.
@@ -165,7 +166,24 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	f.server = server
+	raiseReadahead(mountpoint, mo.MaxReadAhead, opts.Log)
 	return f, nil
+}
+
+// raiseReadahead lifts the kernel's readahead for the mount to kb bytes.
+// FUSE caps it at the 128 KiB default whatever the daemon asks, so reads
+// that reach amlfs (a live mount's uncached data) come 128 KiB at a time;
+// as root, amlfs sets the mount's bdi read_ahead_kb, as an admin would.
+// Best effort: without it reads are only smaller.
+func raiseReadahead(mountpoint string, bytes int, log *slog.Logger) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(mountpoint, &st); err != nil {
+		return
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	if err := os.WriteFile(p, []byte(fmt.Sprint(bytes/1024)), 0o644); err != nil {
+		log.Debug("could not raise the mount's readahead", "path", p, "err", err)
+	}
 }
 
 // Passthrough reports whether the kernel granted FUSE passthrough.

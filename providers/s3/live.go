@@ -592,7 +592,7 @@ func (l *Live) headAll(ctx context.Context, d *ent) {
 // --- reading ---
 
 // maxFetch bounds one ranged GET.
-const maxFetch = 8 * cache.ChunkSize
+const maxFetch = 16 * cache.ChunkSize
 
 // fill makes chunks [first, last] of e's cached file present, fetching
 // the missing runs with ranged GETs (several at once) conditional on the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sort"
+	"sync"
 	"syscall"
 	"time"
 
@@ -740,8 +741,9 @@ type handle struct {
 	pt      *cache.File
 	ptWrite bool
 
-	next   int64 // where a sequential read would start
-	window int64 // readahead, grown while reads are sequential
+	mu     sync.Mutex
+	next   int64 // GUARDED_BY(mu): the end of the furthest read so far
+	window int64 // GUARDED_BY(mu): readahead, grown while reads are sequential
 }
 
 var (
@@ -752,17 +754,29 @@ var (
 	_ = (gofs.FileGetattrer)((*handle)(nil))
 )
 
-const maxReadahead = 64 << 20
+const (
+	maxReadahead = 128 << 20
+	seqSlack     = 4 << 20
+)
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	l, e := h.n.l, h.n.e
 	end := off + int64(len(dest))
-	if off == h.next && off > 0 {
+	// The kernel reads ahead several requests at once, so they arrive
+	// a little out of order: near the furthest read so far counts as
+	// sequential.
+	h.mu.Lock()
+	if d := off - h.next; h.next > 0 && d > -seqSlack && d < seqSlack {
 		h.window = min(max(h.window*2, 2*cache.ChunkSize), maxReadahead)
-	} else {
+	} else if off != 0 {
 		h.window = 0
 	}
-	h.next = end
+	h.next = max(h.next, end)
+	if off == 0 {
+		h.next = end
+	}
+	window := h.window
+	h.mu.Unlock()
 	for range 4 {
 		l.mu.Lock()
 		f, errno := l.dataLocked(e)
@@ -779,22 +793,36 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 		if err != nil {
 			return nil, l.errno("read", key, err)
 		}
-		ra := min(end+h.window, size)
+		ra := min(end+window, size)
 		if ok {
-			if h.window > 0 && ra > end {
-				l.fill(ctx, e, f, end/cache.ChunkSize, (ra-1)/cache.ChunkSize, false)
+			if window > 0 && ra > end {
+				l.readahead(ctx, e, f, end, ra)
 			}
 			return fuse.ReadResultData(dest[:n]), 0
 		}
-		if ra > off {
+		if window > 0 && ra > off {
 			// Ask for the readahead along with what is needed now.
-			l.fill(ctx, e, f, off/cache.ChunkSize, (ra-1)/cache.ChunkSize, false)
+			l.readahead(ctx, e, f, off, ra)
 		}
 		if err := l.fill(ctx, e, f, off/cache.ChunkSize, (min(end, size)-1)/cache.ChunkSize, true); err != nil {
 			return nil, l.errno("read", key, err)
 		}
 	}
 	return nil, syscall.EIO
+}
+
+// readahead starts fetching [off, end) of e in the background, in whole
+// maxFetch-aligned blocks, so that a growing window asks for a few large
+// ranges rather than many small ones.
+func (l *Live) readahead(ctx context.Context, e *ent, f *cache.File, off, end int64) {
+	const blk = maxFetch / cache.ChunkSize
+	first, last := off/cache.ChunkSize, (end-1)/cache.ChunkSize
+	first -= first % blk
+	last += blk - 1 - last%blk
+	if n := (f.Size() + cache.ChunkSize - 1) / cache.ChunkSize; last >= n {
+		last = n - 1
+	}
+	l.fill(ctx, e, f, first, last, false)
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {

@@ -17,7 +17,7 @@ import (
 const (
 	MultipartThreshold = 64 << 20
 	minPartSize        = 16 << 20
-	partParallel       = 4
+	partParallel       = 8
 	maxParts           = 10000
 )
 
