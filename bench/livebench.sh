@@ -2,8 +2,8 @@
 # livebench.sh: an S3 live mount (versitygw on loopback) against rclone mount
 # --vfs-cache-mode full, s3fs and a plain directory, side by side in one
 # run, reported as ratios. The workload: untar the Go source tree, find,
-# ls -lR, grep -r, rm -rf, then a sequential 1 GiB write (ended by fsync)
-# and a cold sequential 1 GiB read.
+# ls -lR, grep -r, rm -rf, then a sequential 1 GiB write, the same ended by
+# fsync, and a cold sequential 1 GiB read.
 # Needs root (FUSE), versitygw (AMLFS_VERSITYGW, as .ci/run installs it),
 # and installs rclone and s3fs from Debian if missing.
 #
@@ -87,7 +87,8 @@ for tool in $TOOLS; do
   settle; t=$(now); ls -lR "$V/src" >/dev/null; R[$tool.ls]=$(since $t)
   settle; t=$(now); grep -r amlfs-no-such-string "$V/src" >/dev/null || true; R[$tool.grep]=$(since $t)
   settle; t=$(now); rm -rf "$V/src"; R[$tool.rm]=$(since $t)
-  settle; t=$(now); dd if="$WORK/gib" of="$V/gib" bs=1M conv=fsync status=none; R[$tool.write]=$(since $t)
+  settle; t=$(now); dd if="$WORK/gib" of="$V/gib" bs=1M status=none; R[$tool.write]=$(since $t)
+  settle; t=$(now); dd if="$WORK/gib" of="$V/gib2" bs=1M conv=fsync status=none; R[$tool.fsync]=$(since $t)
   "umount_$tool" "$MNT"
   # A cold read of an object put with the AWS CLI: a new mount, no cache.
   if [ "$tool" = native ]; then cp "$WORK/gib" "$WORK/native/$tool/gibr"; else
@@ -103,7 +104,7 @@ done
 printf '\nlivebench: the Go source tree (%d entries, %s), versitygw on loopback, kernel %s\n\n' "$FILES" "$(du -sh "$WORK/src.tar" | cut -f1)" "$(uname -r)"
 printf '| step |'; for t in $TOOLS; do printf ' %s s |' "$t"; done
 printf ' amlfs vs the faster of rclone and s3fs |\n|---|'; for t in $TOOLS; do printf -- '---|'; done; printf -- '---|\n'
-for s in untar find ls grep rm write read; do
+for s in untar find ls grep rm write fsync read; do
   printf '| %s |' "$s"
   for t in $TOOLS; do printf ' %.2f |' "${R[$t.$s]:-0}"; done
   best=""
@@ -115,4 +116,4 @@ for s in untar find ls grep rm write read; do
   if [ -n "$best" ] && [ -n "${R[amlfs.$s]:-}" ]; then printf ' %.1fx faster |\n' "$(echo "$best / ${R[amlfs.$s]}" | bc -l)"; else printf ' |\n'; fi
 done
 [ -n "${R[amlfs.uploaded]:-}" ] && printf '\namlfs untar until every object was uploaded: %.2f s\n' "${R[amlfs.uploaded]}"
-echo "step: untar, find, ls -lR, grep -r (no match), rm -rf of the tree; write: 1 GiB dd ended by fsync; read: cmp of 1 GiB on a fresh mount"
+echo "step: untar, find, ls -lR, grep -r (no match), rm -rf of the tree; write: 1 GiB dd; fsync: 1 GiB dd ended by fsync; read: cmp of 1 GiB on a fresh mount"

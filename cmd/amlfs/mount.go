@@ -130,7 +130,7 @@ func mountCommand() *cli.Command {
 			} else {
 				hooks.Progress = ttyProgress(c.App.ErrWriter)
 				hooks.Ready = func(mp string) {
-					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s); unmount with `amlfs unmount %s` or Ctrl-C\n", mp, cfg.ID, mp)
+					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (%s); unmount with `amlfs unmount %s` or Ctrl-C\n", mp, what(cfg), mp)
 				}
 				hooks.Notify = func(msg string) { fmt.Fprintf(c.App.ErrWriter, "amlfs: %s\n", msg) }
 			}
@@ -217,7 +217,7 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	}
 	r.Close()
 	if line == "ready" {
-		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (workspace %s, pid %d, log %s)\n", cfg.Mountpoint, cfg.ID, cmd.Process.Pid, logPath)
+		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (%s, pid %d, log %s)\n", cfg.Mountpoint, what(cfg), cmd.Process.Pid, logPath)
 		cmd.Process.Release()
 		return nil
 	}
@@ -381,4 +381,12 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+// what names what a mount serves, for its "mounted" line.
+func what(cfg mount.Config) string {
+	if cfg.Store == mount.StoreNone {
+		return "live mounts only"
+	}
+	return "workspace " + cfg.ID
 }
