@@ -87,8 +87,10 @@ for tool in $TOOLS; do
   settle; t=$(now); ls -lR "$V/src" >/dev/null; R[$tool.ls]=$(since $t)
   settle; t=$(now); grep -r amlfs-no-such-string "$V/src" >/dev/null || true; R[$tool.grep]=$(since $t)
   settle; t=$(now); rm -rf "$V/src"; R[$tool.rm]=$(since $t)
-  settle; t=$(now); dd if="$WORK/gib" of="$V/gib" bs=1M status=none; R[$tool.write]=$(since $t)
+  # The durable write first, so that no upload of the plain write's file
+  # is still running under it.
   settle; t=$(now); dd if="$WORK/gib" of="$V/gib2" bs=1M conv=fsync status=none; R[$tool.fsync]=$(since $t)
+  settle; t=$(now); dd if="$WORK/gib" of="$V/gib" bs=1M status=none; R[$tool.write]=$(since $t)
   "umount_$tool" "$MNT"
   # A cold read of an object put with the AWS CLI: a new mount, no cache.
   if [ "$tool" = native ]; then cp "$WORK/gib" "$WORK/native/$tool/gibr"; else
@@ -104,7 +106,7 @@ done
 printf '\nlivebench: the Go source tree (%d entries, %s), versitygw on loopback, kernel %s\n\n' "$FILES" "$(du -sh "$WORK/src.tar" | cut -f1)" "$(uname -r)"
 printf '| step |'; for t in $TOOLS; do printf ' %s s |' "$t"; done
 printf ' amlfs vs the faster of rclone and s3fs |\n|---|'; for t in $TOOLS; do printf -- '---|'; done; printf -- '---|\n'
-for s in untar find ls grep rm write fsync read; do
+for s in untar find ls grep rm fsync write read; do
   printf '| %s |' "$s"
   for t in $TOOLS; do printf ' %.2f |' "${R[$t.$s]:-0}"; done
   best=""
