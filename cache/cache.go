@@ -31,10 +31,10 @@ type Cache struct {
 	dir   string
 	limit int64
 
-	mu    sync.Mutex
-	lru   *simplelru.LRU[chunk, struct{}] // GUARDED_BY(mu): clean chunks
-	clean int64                           // GUARDED_BY(mu): bytes of clean chunks
-	pinned int64                          // GUARDED_BY(mu): bytes of dirty or held files
+	mu     sync.Mutex
+	lru    *simplelru.LRU[chunk, struct{}] // GUARDED_BY(mu): clean chunks
+	clean  int64                           // GUARDED_BY(mu): bytes of clean chunks
+	pinned int64                           // GUARDED_BY(mu): bytes of dirty or held files
 }
 
 type chunk struct {

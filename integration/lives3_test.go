@@ -216,13 +216,13 @@ func TestS3LiveMount(t *testing.T) {
 		t.Error("the ro view reads other bytes")
 	}
 	for name, err := range map[string]error{
-		"create":  os.WriteFile(filepath.Join(ro, "new"), nil, 0o644),
-		"write":   os.WriteFile(filepath.Join(ro, "synced.bin"), []byte("x"), 0o644),
-		"mkdir":   os.Mkdir(filepath.Join(ro, "nd"), 0o755),
-		"remove":  os.Remove(filepath.Join(ro, "synced.bin")),
-		"rename":  os.Rename(filepath.Join(ro, "synced.bin"), filepath.Join(ro, "x")),
-		"chmod":   os.Chmod(filepath.Join(ro, "synced.bin"), 0o600),
-		"symlink": os.Symlink("x", filepath.Join(ro, "sl")),
+		"create":   os.WriteFile(filepath.Join(ro, "new"), nil, 0o644),
+		"write":    os.WriteFile(filepath.Join(ro, "synced.bin"), []byte("x"), 0o644),
+		"mkdir":    os.Mkdir(filepath.Join(ro, "nd"), 0o755),
+		"remove":   os.Remove(filepath.Join(ro, "synced.bin")),
+		"rename":   os.Rename(filepath.Join(ro, "synced.bin"), filepath.Join(ro, "x")),
+		"chmod":    os.Chmod(filepath.Join(ro, "synced.bin"), 0o600),
+		"symlink":  os.Symlink("x", filepath.Join(ro, "sl")),
 		"truncate": os.Truncate(filepath.Join(ro, "synced.bin"), 0),
 	} {
 		if !errors.Is(err, syscall.EROFS) {
@@ -445,7 +445,10 @@ func TestS3LiveProviderDies(t *testing.T) {
 	}
 	sh(t, mp, "cat h/h >/dev/null && echo a > a.txt")
 	srv.start(t)
-	waitFor(t, func() bool { b, err := os.ReadFile(filepath.Join(mp, "s/f.txt")); return err == nil && string(b) == "before" })
+	waitFor(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(mp, "s/f.txt"))
+		return err == nil && string(b) == "before"
+	})
 	// Unreachable later.
 	srv.stop()
 	start := time.Now()
@@ -462,7 +465,10 @@ func TestS3LiveProviderDies(t *testing.T) {
 		t.Errorf("status does not show the S3 mount's failure: %s", st.stdout)
 	}
 	srv.start(t)
-	waitFor(t, func() bool { b, err := os.ReadFile(filepath.Join(mp, "s/g.txt")); return err == nil && string(b) == "never read" })
+	waitFor(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(mp, "s/g.txt"))
+		return err == nil && string(b) == "never read"
+	})
 	if r := l.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
