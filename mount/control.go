@@ -9,12 +9,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/tools"
 )
 
 // The control socket speaks HTTP+JSON over a unix socket at
@@ -24,6 +26,12 @@ import (
 //	POST /v1/commit   {"revision":ID}   -> SaveInfo
 //	POST /v1/unmount  {"noSave":bool}   -> StopResult (after the daemon has stopped)
 //	POST /v1/refresh  {"path":P}        -> {"refreshed":[prefixes]} (live mounts; "" for all)
+//	GET  /v1/tools                      -> [{name, description, inputSchema}]
+//	POST /v1/tools/NAME  {arguments}    -> the tool's result
+//
+// A failed tool call answers {"error":{"code":C,"message":M,"path":P}}
+// with 400 (bad arguments, a path leaving the mount, no or many matches),
+// 403 (EROFS, EACCES, EPERM), 404 (ENOENT), 409 (EEXIST, ENOTEMPTY) or 500.
 //
 // Errors are {"error":..., "code":..., "exitCode":N} with a 4xx/5xx status.
 
@@ -61,6 +69,27 @@ func writeErr(w http.ResponseWriter, err error) {
 		status = http.StatusConflict
 	}
 	writeJSON(w, status, apiError{Error: err.Error(), Code: code, ExitCode: amlerr.ExitStatus(err)})
+}
+
+// writeToolErr answers a failed tool call.
+func writeToolErr(w http.ResponseWriter, err error) {
+	var te *tools.Error
+	if !errors.As(err, &te) {
+		te = &tools.Error{Code: "EIO", Message: err.Error()}
+	}
+	status := http.StatusInternalServerError
+	switch te.Code {
+	case tools.CodeInvalid, tools.CodeEscape, tools.CodeNoMatch, tools.CodeManyMatch, tools.CodeTooLarge, tools.CodeNotRegular,
+		"EISDIR", "ENOTDIR", "EINVAL", "ENAMETOOLONG", "EXDEV":
+		status = http.StatusBadRequest
+	case tools.CodeUnknown, "ENOENT":
+		status = http.StatusNotFound
+	case "EROFS", "EACCES", "EPERM":
+		status = http.StatusForbidden
+	case "EEXIST", "ENOTEMPTY", "EBUSY":
+		status = http.StatusConflict
+	}
+	writeJSON(w, status, map[string]*tools.Error{"error": te})
 }
 
 func decodeBody(r *http.Request, v any) error {
@@ -146,6 +175,23 @@ func (d *Daemon) serveControl() (*control, error) {
 		}
 		writeJSON(w, http.StatusOK, map[string][]string{"refreshed": done})
 	})
+	tfs := tools.New(d.cfg.Mountpoint)
+	mux.HandleFunc("GET /v1/tools", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, tools.Tools)
+	})
+	mux.HandleFunc("POST /v1/tools/{name}", func(w http.ResponseWriter, r *http.Request) {
+		args, err := io.ReadAll(io.LimitReader(r.Body, tools.MaxReadBytes*2))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		out, err := tfs.Call(r.Context(), r.PathValue("name"), args)
+		if err != nil {
+			writeToolErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return &control{srv: srv, path: path}, nil
@@ -205,6 +251,36 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return amlerr.FromMessage(ae.Code, ae.Error)
 	}
 	return json.Unmarshal(data, out)
+}
+
+// Tool runs a tool call; a failed call returns a *tools.Error.
+func (c *Client) Tool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://amlfs/v1/tools/"+url.PathEscape(name), bytes.NewReader(args))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, ErrNotRunning
+		}
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var out struct {
+			Error *tools.Error `json:"error"`
+		}
+		if json.Unmarshal(data, &out) != nil || out.Error == nil {
+			return nil, fmt.Errorf("control socket: %s: %s", resp.Status, data)
+		}
+		return nil, out.Error
+	}
+	return data, nil
 }
 
 // Status fetches the daemon's status.

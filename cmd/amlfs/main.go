@@ -61,6 +61,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			unmountCommand(),
 			commitCommand(),
 			refreshCommand(),
+			toolCommand(),
+			mcpCommand(),
 			statusCommand(),
 			revisionsCommand(),
 			checkCommand(),

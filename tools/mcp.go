@@ -1,0 +1,36 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Caller runs one tool call, as the daemon's control socket does.
+type Caller func(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error)
+
+// NewMCPServer is an MCP server exposing exactly the tools in Tools, each
+// call forwarded to call. A tool's failure comes back as a result with
+// isError set and the structured error as its text, so the model sees it;
+// only a failure to reach the daemon is a protocol error.
+func NewMCPServer(version string, call Caller) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "amlfs", Version: version}, nil)
+	for _, t := range Tools {
+		s.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema},
+			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				out, err := call(ctx, t.Name, req.Params.Arguments)
+				if err != nil {
+					var te *Error
+					if !errors.As(err, &te) {
+						return nil, err
+					}
+					data, _ := json.Marshal(map[string]*Error{"error": te})
+					return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: string(data)}}}, nil
+				}
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(out)}}, StructuredContent: out}, nil
+			})
+	}
+	return s
+}
