@@ -63,6 +63,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			refreshCommand(),
 			toolCommand(),
 			mcpCommand(),
+			execCommand(),
 			statusCommand(),
 			revisionsCommand(),
 			checkCommand(),

@@ -166,7 +166,7 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	args := []string{"--log-level", c.String("log-level"), "--log-format", c.String("log-format"), "mount"}
 	for _, f := range c.Command.Flags {
 		name := f.Names()[0]
-		if name == "daemon" || name == "id" || !c.IsSet(name) {
+		if name == "daemon" || name == "id" || name == "cwd" || !c.IsSet(name) {
 			continue
 		}
 		switch v := c.Value(name).(type) {

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/mount"
+	"github.com/google/uuid"
+	"github.com/urfave/cli/v2"
+)
+
+// execCommand is the container entrypoint: mount, run CMD in the mount,
+// save per --save, unmount, and exit with CMD's status.
+func execCommand() *cli.Command {
+	return withConfigFile(&cli.Command{
+		Name:  "exec",
+		Usage: "mount, run CMD with its working directory in the mount, save per --save, unmount, and exit with CMD's status",
+		Description: "--save on-success (the default) saves only if CMD exits 0, always saves anyway, never does not save. " +
+			"SIGTERM and SIGINT are forwarded to CMD, and a signal before CMD ends skips the save unless --save always. " +
+			"If the save fails, amlfs exits 4 and prints the save error and CMD's status.",
+		ArgsUsage: "MOUNTPOINT -- CMD [ARGS...]",
+		Flags: append(mountFlags(),
+			&cli.StringFlag{Name: "cwd", Usage: "CMD's working directory, relative to the mount root"},
+		),
+		Action: func(c *cli.Context) error {
+			args := c.Args().Slice()
+			if len(args) < 2 {
+				return amlerr.New(amlerr.InvalidConfig, "", "exec takes MOUNTPOINT -- CMD [ARGS...]")
+			}
+			mp, argv := args[0], args[1:]
+			if argv[0] == "--" {
+				argv = argv[1:]
+			}
+			if len(argv) == 0 {
+				return amlerr.New(amlerr.InvalidConfig, "", "exec needs a command after --")
+			}
+			cfg := configFrom(c, mp)
+			if err := cfg.Normalize(); err != nil {
+				return err
+			}
+			cwd := filepath.Join(cfg.Mountpoint, filepath.Clean("/"+c.String("cwd")))
+			if cfg.ID == "" && cfg.Store != mount.StoreNone {
+				cfg.ID = uuid.NewString()
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: workspace id: %s\n", cfg.ID)
+			}
+			// Signals that come while mounting are CMD's too: hold them.
+			sigs := make(chan os.Signal, 4)
+			signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+			defer signal.Stop(sigs)
+			if err := daemonize(c, cfg); err != nil {
+				return err
+			}
+			cl, err := mount.NewClient(cfg.Mountpoint)
+			if err != nil {
+				return err
+			}
+			if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+				cl.Unmount(context.WithoutCancel(c.Context), true)
+				return amlerr.New(amlerr.InvalidConfig, c.String("cwd"), "--cwd must name a directory in the mount")
+			}
+			status, cancelled, runErr := runIn(cwd, argv, sigs, c)
+			save := cfg.Save == mount.SaveAlways || cfg.Save == mount.SaveOnSuccess && status == 0 && !cancelled
+			res, err := cl.Unmount(context.WithoutCancel(c.Context), !save)
+			if err != nil {
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: unmount: %v (command exited %d)\n", err, status)
+				return exitStatus(amlerr.ExitSave)
+			}
+			if runErr != nil {
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: %v\n", runErr)
+			}
+			if res.Error != "" {
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: save failed: %s; the command exited %d\n", res.Error, status)
+				return exitStatus(amlerr.ExitSave)
+			}
+			switch {
+			case res.Saved != nil:
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: saved revision %s; the command exited %d\n", res.Saved.Revision, status)
+			case save:
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: nothing to save; the command exited %d\n", status)
+			default:
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: not saved (--save %s%s); the command exited %d\n", cfg.Save, map[bool]string{true: ", cancelled by a signal"}[cancelled], status)
+			}
+			if status != 0 {
+				return exitStatus(status)
+			}
+			return nil
+		},
+	})
+}
+
+// runIn runs argv in dir with the caller's stdio, forwarding SIGTERM and
+// SIGINT. It returns the exit status (128+N for a signal N), and whether
+// a signal came before the command ended.
+func runIn(dir string, argv []string, sigs chan os.Signal, c *cli.Context) (int, bool, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
+	// Without a terminal (a container), CMD gets a process group of its
+	// own and signals go to the whole group, as tini -g does: a shell's
+	// children stop too, and release the mount. On a terminal CMD stays
+	// in the foreground group, which the terminal signals itself.
+	group := !isTTY(os.Stdin)
+	if group {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
+	cancelled := false
+	// A signal that came while mounting ends the command before it starts.
+	select {
+	case <-sigs:
+		return 128 + int(syscall.SIGTERM), true, nil
+	default:
+	}
+	if err := cmd.Start(); err != nil {
+		status := 127
+		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
+			status = 126
+		}
+		return status, false, fmt.Errorf("run %s: %w", strings.Join(argv, " "), err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case s := <-sigs:
+			cancelled = true
+			if group {
+				syscall.Kill(-cmd.Process.Pid, s.(syscall.Signal))
+			} else {
+				cmd.Process.Signal(s)
+			}
+		case err := <-done:
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					return 128 + int(ws.Signal()), cancelled, nil
+				}
+				return ee.ExitCode(), cancelled, nil
+			}
+			if err != nil {
+				return 1, cancelled, err
+			}
+			return 0, cancelled, nil
+		}
+	}
+}
