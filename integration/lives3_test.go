@@ -230,6 +230,23 @@ func TestS3LiveMount(t *testing.T) {
 		}
 	}
 
+	// Tool calls see and change the bucket like the shell does.
+	cl := toolClient(t, l.env, mp)
+	tool(t, cl, "write_file", map[string]any{"path": "/data/tool.txt", "content": "from a tool\n"})
+	if got := readFile(t, filepath.Join(data, "tool.txt")); got != "from a tool\n" {
+		t.Errorf("the shell reads %q after write_file", got)
+	}
+	l.drained(mp, "/data")
+	if got, err := l.get("tool.txt"); err != nil || string(got) != "from a tool\n" {
+		t.Errorf("object tool.txt = %q, %v", got, err)
+	}
+	if m := tool(t, cl, "grep", map[string]any{"pattern": "from a", "path": "data"}); len(m["matches"].([]any)) != 1 {
+		t.Errorf("grep on the S3 mount: %v", m)
+	}
+	if _, err := toolErr(cl, "write_file", map[string]any{"path": "ro/x", "content": "x"}); err == nil || !strings.Contains(err.Error(), "EROFS") {
+		t.Errorf("write_file to the ro S3 view: %v", err)
+	}
+
 	// Saves leave the live mounts out.
 	if r := l.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
