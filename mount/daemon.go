@@ -208,8 +208,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.ws = ws
-	seg, _ := revision.Seg(cfg.ID)
-	slot, err := claimSlot(filepath.Join(cfg.CacheDir, "workspaces", seg+"@"+mountKey(store.String())))
+	slot, err := claimSlot(slotsDir(cfg.CacheDir, store, cfg.ID))
 	if err != nil {
 		return err
 	}

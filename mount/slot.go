@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision"
 )
 
 // claimSlot claims a working-directory slot under base: base/0, base/1, ...
@@ -36,4 +39,45 @@ func claimSlot(base string) (*os.File, error) {
 		}
 	}
 	return nil, fmt.Errorf("no free working-directory slot under %s", base)
+}
+
+// slotsDir is where a workspace's working-directory slots live.
+func slotsDir(cacheDir string, store revision.Store, id string) string {
+	seg, _ := revision.Seg(id)
+	return filepath.Join(cacheDir, "workspaces", seg+"@"+mountKey(store.String()))
+}
+
+// PurgeCache removes a workspace's working trees and recovery state under
+// cacheDir. It refuses, with AML_WORKSPACE_CONFLICT, while a mount on this
+// host holds one of the slots.
+func PurgeCache(cacheDir string, store revision.Store, id string) error {
+	base := slotsDir(cacheDir, store, id)
+	ents, err := os.ReadDir(base)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var held []*os.File
+	defer func() {
+		for _, f := range held {
+			f.Close()
+		}
+	}()
+	for _, e := range ents {
+		f, err := os.OpenFile(filepath.Join(base, e.Name(), "owner"), os.O_RDWR, 0)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			return amlerr.New(amlerr.WorkspaceConflict, id, "a mount on this host is using %s", filepath.Join(base, e.Name()))
+		}
+		held = append(held, f)
+	}
+	return os.RemoveAll(base)
 }

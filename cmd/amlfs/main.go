@@ -64,6 +64,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			toolCommand(),
 			mcpCommand(),
 			execCommand(),
+			destroyCommand(),
 			statusCommand(),
 			revisionsCommand(),
 			checkCommand(),
