@@ -52,3 +52,31 @@ func testDestroy(t *testing.T, newEnv func(*testing.T) *env) {
 	}
 	e.unmount(mp)
 }
+
+// A retried unmount reports the final state, exits 0, and saves nothing
+// again.
+func TestUnmountTwice(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("twice")
+	sh(t, mp, "echo a > a")
+	first := e.unmount(mp)
+	if first.code != 0 || strings.TrimSpace(first.stdout) == "" {
+		t.Fatalf("unmount: %s", first)
+	}
+	revs := len(readIndex(t, e, "twice").Revisions)
+	second := e.unmount(mp)
+	if second.code != 0 || second.stdout != first.stdout || !strings.Contains(second.stderr, "already unmounted") {
+		t.Errorf("second unmount: %s (first printed %q)", second, first.stdout)
+	}
+	if n := len(readIndex(t, e, "twice").Revisions); n != revs {
+		t.Errorf("the second unmount saved again: %d revisions, was %d", n, revs)
+	}
+	// Mount, unmount and remount with the same id converge.
+	mp = e.mount("twice")
+	if got := readFile(t, filepath.Join(mp, "a")); got != "a\n" {
+		t.Errorf("after remount a = %q", got)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}

@@ -520,7 +520,43 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	d.slot.Close()
 	d.setPhase("stopped")
 	d.log.Info("stopped", "exitCode", res.ExitCode)
+	writeLastStop(d.cfg, res)
 	return res
+}
+
+// LastStop is the final state of the last daemon to serve a mountpoint,
+// kept in the runtime dir so that a retried unmount can report it.
+type LastStop struct {
+	StopResult
+	ID        string    `json:"id"`
+	StoppedAt time.Time `json:"stoppedAt"`
+}
+
+func lastStopPath(mountpoint string) string {
+	return filepath.Join(RuntimeDir(), mountKey(mountpoint)+".last.json")
+}
+
+func writeLastStop(cfg Config, res StopResult) {
+	data, _ := json.Marshal(LastStop{StopResult: res, ID: cfg.ID, StoppedAt: time.Now().UTC()})
+	p := lastStopPath(cfg.Mountpoint)
+	if os.WriteFile(p+".tmp", data, 0o600) == nil {
+		os.Rename(p+".tmp", p)
+	}
+}
+
+// ReadLastStop returns the final state of the last daemon that served
+// mountpoint, if one was recorded.
+func ReadLastStop(mountpoint string) (LastStop, bool) {
+	var ls LastStop
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return ls, false
+	}
+	data, err := os.ReadFile(lastStopPath(abs))
+	if err != nil || json.Unmarshal(data, &ls) != nil {
+		return ls, false
+	}
+	return ls, true
 }
 
 // Commit checkpoints the workspace without unmounting.

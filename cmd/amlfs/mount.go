@@ -248,6 +248,19 @@ func unmountCommand() *cli.Command {
 			}
 			res, err := cl.Unmount(c.Context, c.Bool("no-save"))
 			if err == mount.ErrNotRunning {
+				// A retried unmount: report the final state, change
+				// nothing, and exit 0.
+				if last, ok := mount.ReadLastStop(mp); ok {
+					state := "nothing saved"
+					if last.Saved != nil {
+						state = "saved revision " + last.Saved.Revision
+						fmt.Fprintln(c.App.Writer, last.Saved.Revision)
+					} else if last.Error != "" {
+						state = "its save failed: " + last.Error
+					}
+					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s was already unmounted at %s (workspace %s, %s); nothing to do\n", mp, last.StoppedAt.Format(time.RFC3339), last.ID, state)
+					return nil
+				}
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: %s is not mounted by amlfs; nothing to do\n", mp)
 				return nil
 			}
