@@ -2,6 +2,7 @@ package integration
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -79,4 +80,60 @@ func TestUnmountTwice(t *testing.T) {
 	if r := e.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
+}
+
+// commit --revision ID is idempotent on ID: concurrent retries, some of
+// them killed mid-way, converge on one revision; reusing ID for other
+// content exits 5 and changes nothing.
+func TestCommitRevisionIdempotent(t *testing.T) { forEachStore(t, testCommitRevisionIdempotent) }
+
+func testCommitRevisionIdempotent(t *testing.T, newEnv func(*testing.T) *env) {
+	e := newEnv(t)
+	mp := e.mount("idem", "--retention", "3")
+	sh(t, mp, "for i in $(seq 1 200); do echo $i > f$i; done")
+	var cmds []*exec.Cmd
+	for i := range 20 {
+		cmd := exec.Command(amlfsBin, "commit", mp, "--revision", "run-42")
+		cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+		must(t, cmd.Start())
+		if i%4 == 0 {
+			cmd.Process.Kill() // killed mid-way; retried below
+		}
+		cmds = append(cmds, cmd)
+	}
+	for _, cmd := range cmds {
+		cmd.Wait()
+	}
+	for range 3 {
+		if r := e.amlfs("commit", mp, "--revision", "run-42"); r.code != 0 || strings.TrimSpace(r.stdout) != "run-42" {
+			t.Fatalf("retried commit: %s", r)
+		}
+	}
+	idx := readIndex(t, e, "idem")
+	n := 0
+	for _, rev := range idx.Revisions {
+		if rev.ID == "run-42" {
+			n++
+		}
+	}
+	if idx.Current != "run-42" || n != 1 {
+		t.Fatalf("index: current %s, %d revisions named run-42", idx.Current, n)
+	}
+	before, _ := os.ReadFile(filepath.Join(e.storeD, "idem", "workspace.json"))
+	sh(t, mp, "echo changed > f1")
+	if r := e.amlfs("commit", mp, "--revision", "run-42"); r.code != 5 || !strings.Contains(r.stderr, "REVISION_ID_CONFLICT") {
+		t.Errorf("reused id for other content: %s", r)
+	}
+	if after, _ := os.ReadFile(filepath.Join(e.storeD, "idem", "workspace.json")); string(after) != string(before) {
+		t.Error("a conflicting commit changed the index")
+	}
+	if r := e.unmount(mp, "--revision", "run-43"); r.code != 0 || strings.TrimSpace(r.stdout) != "run-43" {
+		t.Fatalf("unmount --revision: %s", r)
+	}
+	// The content of run-42 is the 200 files as committed.
+	mp = e.mount("idem", "--load", "run-42")
+	if got := readFile(t, filepath.Join(mp, "f1")); got != "1\n" {
+		t.Errorf("run-42's f1 = %q", got)
+	}
+	e.unmount(mp, "--no-save")
 }

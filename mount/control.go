@@ -24,7 +24,7 @@ import (
 //
 //	GET  /v1/status                     -> Status
 //	POST /v1/commit   {"revision":ID}   -> SaveInfo
-//	POST /v1/unmount  {"noSave":bool}   -> StopResult (after the daemon has stopped)
+//	POST /v1/unmount  {"noSave":bool,"revision":ID} -> StopResult (after the daemon has stopped)
 //	POST /v1/refresh  {"path":P}        -> {"refreshed":[prefixes]} (live mounts; "" for all)
 //	GET  /v1/tools                      -> [{name, description, inputSchema}]
 //	POST /v1/tools/NAME  {arguments}    -> the tool's result
@@ -136,7 +136,10 @@ func (d *Daemon) serveControl() (*control, error) {
 			writeErr(w, err)
 			return
 		}
-		info, err := d.Commit(r.Context(), req.Revision)
+		// A client that gives up (killed, timed out) does not abort the
+		// save: it completes, and a retry with the same revision id
+		// finds it current.
+		info, err := d.Commit(context.WithoutCancel(r.Context()), req.Revision)
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -145,13 +148,14 @@ func (d *Daemon) serveControl() (*control, error) {
 	})
 	mux.HandleFunc("POST /v1/unmount", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
-			NoSave bool `json:"noSave"`
+			NoSave   bool   `json:"noSave"`
+			Revision string `json:"revision"`
 		}
 		if err := decodeBody(r, &req); err != nil {
 			writeErr(w, err)
 			return
 		}
-		sr := stopRequest{noSave: req.NoSave, reason: "unmount request", done: make(chan StopResult, 1)}
+		sr := stopRequest{noSave: req.NoSave, revision: req.Revision, reason: "unmount request", done: make(chan StopResult, 1)}
 		select {
 		case d.stopReqs <- sr:
 		default:
@@ -298,9 +302,9 @@ func (c *Client) Commit(ctx context.Context, revision string) (SaveInfo, error) 
 }
 
 // Unmount stops the daemon and waits for the outcome.
-func (c *Client) Unmount(ctx context.Context, noSave bool) (StopResult, error) {
+func (c *Client) Unmount(ctx context.Context, noSave bool, revision string) (StopResult, error) {
 	var res StopResult
-	err := c.do(ctx, http.MethodPost, "/v1/unmount", map[string]any{"noSave": noSave}, &res)
+	err := c.do(ctx, http.MethodPost, "/v1/unmount", map[string]any{"noSave": noSave, "revision": revision}, &res)
 	return res, err
 }
 

@@ -105,7 +105,8 @@ type liveProvider interface {
 }
 
 type stopRequest struct {
-	noSave bool
+	noSave   bool
+	revision string // a caller-chosen id for the final save
 	reason string
 	done   chan StopResult
 }
@@ -484,7 +485,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		// After a lazy detach, open files may still be written through
 		// FUSE: hold mutations back while the snapshot is taken.
 		thaw := d.fs.Freeze()
-		info, err := d.save(ctx, "")
+		info, err := d.save(ctx, req.revision)
 		thaw()
 		if err != nil {
 			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "err", err, "workDir", d.workDir)
@@ -581,6 +582,13 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	mark := d.fs.Changes()
+	if idx := d.ws.Index(); revID != "" && idx != nil && idx.Current == revID && d.baseRev == revID && d.baseMark == mark {
+		// A retry: the caller's id is current and holds this tree.
+		d.log.Info("revision id is current and the tree is unchanged; nothing written", "revision", revID)
+		info := SaveInfo{Revision: revID, At: time.Now(), Skipped: true}
+		d.lastSave = &info
+		return info, nil
+	}
 	if idx := d.ws.Index(); revID == "" && d.baseMark == mark && idx != nil && idx.Current == d.baseRev {
 		d.log.Info("no changes since the last revision; it stays current", "revision", d.baseRev)
 		info := SaveInfo{Revision: d.baseRev, At: time.Now(), Skipped: true}

@@ -29,6 +29,7 @@ func execCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT -- CMD [ARGS...]",
 		Flags: append(mountFlags(),
 			&cli.StringFlag{Name: "cwd", Usage: "CMD's working directory, relative to the mount root"},
+			&cli.StringFlag{Name: "revision", Usage: "caller-chosen id for the revision the run saves"},
 		),
 		Action: func(c *cli.Context) error {
 			args := c.Args().Slice()
@@ -63,12 +64,12 @@ func execCommand() *cli.Command {
 				return err
 			}
 			if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
-				cl.Unmount(context.WithoutCancel(c.Context), true)
+				cl.Unmount(context.WithoutCancel(c.Context), true, "")
 				return amlerr.New(amlerr.InvalidConfig, c.String("cwd"), "--cwd must name a directory in the mount")
 			}
 			status, cancelled, runErr := runIn(cwd, argv, sigs, c)
 			save := cfg.Save == mount.SaveAlways || cfg.Save == mount.SaveOnSuccess && status == 0 && !cancelled
-			res, err := cl.Unmount(context.WithoutCancel(c.Context), !save)
+			res, err := cl.Unmount(context.WithoutCancel(c.Context), !save, c.String("revision"))
 			if err != nil {
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: unmount: %v (command exited %d)\n", err, status)
 				return exitStatus(amlerr.ExitSave)

@@ -166,7 +166,7 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	args := []string{"--log-level", c.String("log-level"), "--log-format", c.String("log-format"), "mount"}
 	for _, f := range c.Command.Flags {
 		name := f.Names()[0]
-		if name == "daemon" || name == "id" || name == "cwd" || !c.IsSet(name) {
+		if name == "daemon" || name == "id" || name == "cwd" || name == "revision" || !c.IsSet(name) {
 			continue
 		}
 		switch v := c.Value(name).(type) {
@@ -240,13 +240,14 @@ func unmountCommand() *cli.Command {
 		Name:      "unmount",
 		Usage:     "save per the mount's policy, unmount and release the lock",
 		ArgsUsage: "MOUNTPOINT",
-		Flags:     []cli.Flag{&cli.BoolFlag{Name: "no-save", Usage: "do not save; discard unsaved changes"}},
+		Flags: []cli.Flag{&cli.BoolFlag{Name: "no-save", Usage: "do not save; discard unsaved changes"},
+			&cli.StringFlag{Name: "revision", Usage: "caller-chosen id for the final revision (idempotent: a retry with the same id and tree writes nothing)"}},
 		Action: func(c *cli.Context) error {
 			mp, cl, err := daemonClient(c)
 			if err != nil {
 				return err
 			}
-			res, err := cl.Unmount(c.Context, c.Bool("no-save"))
+			res, err := cl.Unmount(c.Context, c.Bool("no-save"), c.String("revision"))
 			if err == mount.ErrNotRunning {
 				// A retried unmount: report the final state, change
 				// nothing, and exit 0.
