@@ -107,8 +107,8 @@ type liveProvider interface {
 type stopRequest struct {
 	noSave   bool
 	revision string // a caller-chosen id for the final save
-	reason string
-	done   chan StopResult
+	reason   string
+	done     chan StopResult
 }
 
 // StopResult is the outcome of stopping the daemon.
