@@ -56,9 +56,15 @@ func testDestroy(t *testing.T, newEnv func(*testing.T) *env) {
 
 // A retried unmount reports the final state, exits 0, and saves nothing
 // again.
-func TestUnmountTwice(t *testing.T) {
+func TestUnmountTwice(t *testing.T) { forEachStore(t, testUnmountTwice) }
+
+func testUnmountTwice(t *testing.T, newEnv func(*testing.T) *env) {
 	e := newEnv(t)
 	mp := e.mount("twice")
+	// A retried mount of the same workspace at the same place exits 0.
+	if r := e.mountAt(mp, "twice"); r.code != 0 || !strings.Contains(r.stderr, "already serves") {
+		t.Errorf("retried mount: %s", r)
+	}
 	sh(t, mp, "echo a > a")
 	first := e.unmount(mp)
 	if first.code != 0 || strings.TrimSpace(first.stdout) == "" {

@@ -94,6 +94,11 @@ func mountCommand() *cli.Command {
 			if err := cfg.Normalize(); err != nil {
 				return err
 			}
+			if cfg.ID != "" && alreadyMounted(c, cfg) {
+				// A retried mount: the same workspace is served here.
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: %s already serves workspace %s; nothing to do\n", cfg.Mountpoint, cfg.ID)
+				return nil
+			}
 			if cfg.ID == "" && cfg.Store != mount.StoreNone {
 				cfg.ID = uuid.NewString()
 				fmt.Fprintf(c.App.Writer, "workspace id: %s\n", cfg.ID)
@@ -403,4 +408,16 @@ func what(cfg mount.Config) string {
 		return "live mounts only"
 	}
 	return "workspace " + cfg.ID
+}
+
+// alreadyMounted reports whether a daemon serves cfg's workspace (same id
+// and store) at cfg's mountpoint.
+func alreadyMounted(c *cli.Context, cfg mount.Config) bool {
+	cl, err := mount.NewClient(cfg.Mountpoint)
+	if err != nil {
+		return false
+	}
+	st, err := cl.Status(c.Context)
+	return err == nil && st.Phase == "serving" && st.ID == cfg.ID &&
+		strings.HasPrefix(st.Store, strings.TrimSuffix(cfg.Store, "/")+"/")
 }
