@@ -44,6 +44,11 @@ func TestExec(t *testing.T) {
 	if r := run("never", `test -f c && test ! -f b`); r.code != 0 {
 		t.Fatalf("after always: c must be saved and b not: %s", r)
 	}
+	// A caller-chosen revision id.
+	args := append([]string{"exec"}, e.wsArgs("ex", "--revision", "run-7")...)
+	if r := e.amlfs(append(args, mp, "--", "sh", "-c", "echo r > r")...); r.code != 0 || readIndex(t, e, "ex").Current != "run-7" {
+		t.Errorf("exec --revision run-7: %s", r)
+	}
 	// --cwd: relative to the mount root.
 	if r := e.amlfs(append(append([]string{"exec"}, e.wsArgs("ex", "--save", "never", "--cwd", "d")...), mp, "--", "true")...); r.code != 2 {
 		t.Errorf("--cwd of a missing directory: %s", r)
