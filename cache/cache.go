@@ -160,13 +160,6 @@ func (f *File) Size() int64 {
 	return f.size
 }
 
-// Dirty reports whether the file is dirty (pinned until uploaded).
-func (f *File) Dirty() bool {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.dirty
-}
-
 // Missing returns the chunks in [off, end) that are not present, as a
 // list of chunk indexes.
 func (f *File) Missing(off, end int64) []int64 {
@@ -383,9 +376,6 @@ func (f *File) resize(size int64) {
 	}
 }
 
-// Sync flushes the file's bytes to disk.
-func (f *File) Sync() error { return f.f.Sync() }
-
 // Reader returns the file's bytes for an upload. It reads the file as it
 // is when read; the caller keeps writers out or re-uploads.
 func (f *File) Reader() *os.File { return f.f }
@@ -474,15 +464,13 @@ func (c *Cache) overLocked() []chunk {
 	var victims []chunk
 	for c.clean+c.pinned > c.limit && c.lru.Len() > 0 {
 		k, _, _ := c.lru.RemoveOldest()
-		c.clean -= k.f.chunkLenUnlocked(k.idx)
+		// Without k.f.mu: a file whose chunks are in the list is
+		// clean, and a clean file's size does not change.
+		c.clean -= k.f.chunkLen(k.idx)
 		victims = append(victims, k)
 	}
 	return victims
 }
-
-// chunkLenUnlocked is chunkLen for the eviction path, which holds c.mu
-// but not f.mu: a clean file's size does not change.
-func (f *File) chunkLenUnlocked(i int64) int64 { return f.chunkLen(i) }
 
 func evict(victims []chunk) {
 	for _, v := range victims {

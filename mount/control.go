@@ -231,56 +231,50 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		data, _ := json.Marshal(body)
 		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://amlfs"+path, rd)
+	status, data, err := c.roundTrip(ctx, method, path, rd)
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return ErrNotRunning
-		}
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
+	if status != http.StatusOK {
 		var ae apiError
 		if json.Unmarshal(data, &ae) != nil || ae.Error == "" {
-			return fmt.Errorf("control socket: %s: %s", resp.Status, data)
+			return fmt.Errorf("control socket: %d %s: %s", status, http.StatusText(status), data)
 		}
 		return amlerr.FromMessage(ae.Code, ae.Error)
 	}
 	return json.Unmarshal(data, out)
 }
 
-// Tool runs a tool call; a failed call returns a *tools.Error.
-func (c *Client) Tool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://amlfs/v1/tools/"+url.PathEscape(name), bytes.NewReader(args))
+// roundTrip sends one request and reads the whole answer.
+func (c *Client) roundTrip(ctx context.Context, method, path string, body io.Reader) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://amlfs"+path, body)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, ErrNotRunning
+			return 0, nil, ErrNotRunning
 		}
-		return nil, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, data, err
+}
+
+// Tool runs a tool call; a failed call returns a *tools.Error.
+func (c *Client) Tool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+	status, data, err := c.roundTrip(ctx, http.MethodPost, "/v1/tools/"+url.PathEscape(name), bytes.NewReader(args))
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusOK {
+	if status != http.StatusOK {
 		var out struct {
 			Error *tools.Error `json:"error"`
 		}
 		if json.Unmarshal(data, &out) != nil || out.Error == nil {
-			return nil, fmt.Errorf("control socket: %s: %s", resp.Status, data)
+			return nil, fmt.Errorf("control socket: %d %s: %s", status, http.StatusText(status), data)
 		}
 		return nil, out.Error
 	}

@@ -200,52 +200,34 @@ var Tools = []Tool{
 
 // Call runs tool name with its JSON arguments.
 func (t *FS) Call(ctx context.Context, name string, args json.RawMessage) (any, error) {
-	var err error
-	var out any
 	switch name {
 	case "read_file":
-		var a ReadArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.ReadFile(a)
-		}
+		return run(args, t.ReadFile)
 	case "write_file":
-		var a WriteArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.WriteFile(a)
-		}
+		return run(args, t.WriteFile)
 	case "edit_file":
-		var a EditArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.EditFile(a)
-		}
+		return run(args, t.EditFile)
 	case "list_files":
-		var a ListArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.ListFiles(ctx, a)
-		}
+		return run(args, func(a ListArgs) (*ListResult, error) { return t.ListFiles(ctx, a) })
 	case "delete":
-		var a DeleteArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.Delete(ctx, a)
-		}
+		return run(args, func(a DeleteArgs) (*DeleteResult, error) { return t.Delete(ctx, a) })
 	case "file_stat":
-		var a PathArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.Stat(a)
-		}
+		return run(args, t.Stat)
 	case "mkdir":
-		var a PathArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.Mkdir(a)
-		}
+		return run(args, t.Mkdir)
 	case "grep":
-		var a GrepArgs
-		if err = decode(args, &a); err == nil {
-			out, err = t.Grep(ctx, a)
-		}
-	default:
-		return nil, &Error{Code: CodeUnknown, Message: fmt.Sprintf("no tool %q", name)}
+		return run(args, func(a GrepArgs) (*GrepResult, error) { return t.Grep(ctx, a) })
 	}
+	return nil, &Error{Code: CodeUnknown, Message: fmt.Sprintf("no tool %q", name)}
+}
+
+// run decodes a tool's arguments and calls it.
+func run[A, R any](args json.RawMessage, tool func(A) (R, error)) (any, error) {
+	var a A
+	if err := decode(args, &a); err != nil {
+		return nil, err
+	}
+	out, err := tool(a)
 	if err != nil {
 		return nil, err
 	}

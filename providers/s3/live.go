@@ -118,7 +118,6 @@ type ent struct {
 	ptOpens   int
 	ptWriters int
 	ver       uint64 // bumped when the object changed under the cache
-	upErr     error
 }
 
 func (e *ent) isDir() bool { return e.mode&syscall.S_IFMT == syscall.S_IFDIR }
@@ -170,6 +169,13 @@ func (l *Live) key(e *ent) string {
 		b.WriteByte('/')
 	}
 	return b.String()
+}
+
+// keyOf is l.key for a caller that does not hold l.mu.
+func (l *Live) keyOf(e *ent) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.key(e)
 }
 
 func (l *Live) url(key string) string { return "s3://" + l.o.Bucket + "/" + key }
@@ -599,13 +605,13 @@ const maxFetch = 16 * cache.ChunkSize
 // ETag the cache holds. Each chunk is fetched once however many readers
 // want it.
 func (l *Live) fill(ctx context.Context, e *ent, f *cache.File, first, last int64, wait bool) error {
-	l.mu.Lock()
-	key, etag := l.key(e), e.etag
-	l.mu.Unlock()
 	missing := f.Missing(first*cache.ChunkSize, (last+1)*cache.ChunkSize)
 	if len(missing) == 0 {
 		return nil
 	}
+	l.mu.Lock()
+	key, etag := l.key(e), e.etag
+	l.mu.Unlock()
 	var waits []*fetchCall
 	l.fetch.Lock()
 	var run []int64
@@ -698,10 +704,7 @@ func (l *Live) get(ctx context.Context, key, etag string, f *cache.File, first, 
 // --- the write-back ops ---
 
 func (l *Live) enqueuePut(e *ent, delay time.Duration) chan error {
-	l.mu.Lock()
-	key := l.key(e)
-	l.mu.Unlock()
-	return l.q.add(&op{key: key, kind: opPut, e: e}, delay, delay == 0)
+	return l.q.add(&op{key: l.keyOf(e), kind: opPut, e: e}, delay, delay == 0)
 }
 
 func (l *Live) enqueueDel(key string) {
@@ -801,13 +804,11 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
-		e.upErr = err
 		return err
 	}
 	l.health = nil
 	delete(l.tombs, o.key)
 	e.changed = time.Now()
-	e.upErr = nil
 	e.remote = true
 	if !e.isDir() {
 		e.etag = etag

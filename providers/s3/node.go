@@ -375,32 +375,48 @@ var _ = (gofs.FilePassthroughFder)((*ptHandle)(nil))
 func (h *ptHandle) PassthroughFd() (int, bool) { return h.pt.Fd(), true }
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	n.l.q.touch()
 	if n.ro() {
-		return nil, nil, 0, syscall.EROFS
-	}
-	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
-		return nil, nil, 0, errno
+		return nil, nil, 0, syscall.EROFS // before making a cache file for nothing
 	}
 	f, err := n.l.o.Cache.NewDirty()
 	if err != nil {
 		return nil, nil, 0, n.l.errno("cache", name, err)
 	}
+	ch, c, errno := n.add(ctx, name, syscall.S_IFREG|mode&0o7777, out, func(c *ent) {
+		c.data, c.dirty, c.opens = f, true, 1
+	})
+	if errno != 0 {
+		f.Drop()
+		return nil, nil, 0, errno
+	}
+	h := &handle{n: ch.Operations().(*node)}
 	n.l.mu.Lock()
 	defer n.l.mu.Unlock()
-	if old := n.e.children[name]; old != nil {
-		f.Drop()
-		return nil, nil, 0, syscall.EEXIST
-	}
-	c := n.newEntLocked(ctx, name, syscall.S_IFREG|mode&0o7777)
-	c.data, c.dirty, c.opens = f, true, 1
-	n.entryOut(c, out)
-	ch := n.child(ctx, c)
-	h := &handle{n: ch.Operations().(*node)}
 	if f.Hold() {
 		return ch, n.l.passthroughLocked(c, h, true), 0, 0
 	}
 	return ch, h, 0, 0
+}
+
+// add makes a child name here, set up by init under the lock, unless the
+// mount is read-only or the name is taken.
+func (n *node) add(ctx context.Context, name string, mode uint32, out *fuse.EntryOut, init func(c *ent)) (*gofs.Inode, *ent, syscall.Errno) {
+	n.l.q.touch()
+	if n.ro() {
+		return nil, nil, syscall.EROFS
+	}
+	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
+		return nil, nil, errno
+	}
+	n.l.mu.Lock()
+	defer n.l.mu.Unlock()
+	if n.e.children[name] != nil {
+		return nil, nil, syscall.EEXIST
+	}
+	c := n.newEntLocked(ctx, name, mode)
+	init(c)
+	n.entryOut(c, out)
+	return n.child(ctx, c), c, 0
 }
 
 // newEntLocked adds a new child made here, owned by the caller.
@@ -415,25 +431,13 @@ func (n *node) newEntLocked(ctx context.Context, name string, mode uint32) *ent 
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	n.l.q.touch()
-	if n.ro() {
-		return nil, syscall.EROFS
+	ch, c, errno := n.add(ctx, name, syscall.S_IFDIR|mode&0o7777, out, func(c *ent) {
+		c.children, c.listedAt, c.metaDirty = map[string]*ent{}, time.Now(), true
+	})
+	if errno == 0 {
+		n.l.enqueuePut(c, n.l.o.WriteBack)
 	}
-	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
-		return nil, errno
-	}
-	n.l.mu.Lock()
-	if n.e.children[name] != nil {
-		n.l.mu.Unlock()
-		return nil, syscall.EEXIST
-	}
-	c := n.newEntLocked(ctx, name, syscall.S_IFDIR|mode&0o7777)
-	c.children, c.listedAt, c.metaDirty = map[string]*ent{}, time.Now(), true
-	n.entryOut(c, out)
-	ch := n.child(ctx, c)
-	n.l.mu.Unlock()
-	n.l.enqueuePut(c, n.l.o.WriteBack)
-	return ch, 0
+	return ch, errno
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -444,25 +448,13 @@ func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	n.l.q.touch()
-	if n.ro() {
-		return nil, syscall.EROFS
+	ch, c, errno := n.add(ctx, name, syscall.S_IFLNK|0o777, out, func(c *ent) {
+		c.link, c.size, c.metaDirty = target, int64(len(target)), true
+	})
+	if errno == 0 {
+		n.l.enqueuePut(c, n.l.o.WriteBack)
 	}
-	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
-		return nil, errno
-	}
-	n.l.mu.Lock()
-	if n.e.children[name] != nil {
-		n.l.mu.Unlock()
-		return nil, syscall.EEXIST
-	}
-	c := n.newEntLocked(ctx, name, syscall.S_IFLNK|0o777)
-	c.link, c.size, c.metaDirty = target, int64(len(target)), true
-	n.entryOut(c, out)
-	ch := n.child(ctx, c)
-	n.l.mu.Unlock()
-	n.l.enqueuePut(c, n.l.o.WriteBack)
-	return ch, 0
+	return ch, errno
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
@@ -780,7 +772,6 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	for range 4 {
 		l.mu.Lock()
 		f, errno := l.dataLocked(e)
-		key := l.key(e)
 		l.mu.Unlock()
 		if errno != 0 {
 			return nil, errno
@@ -791,7 +782,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 			continue // the object changed: read the new one
 		}
 		if err != nil {
-			return nil, l.errno("read", key, err)
+			return nil, l.errno("read", l.keyOf(e), err)
 		}
 		ra := min(end+window, size)
 		if ok {
@@ -805,7 +796,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 			l.readahead(ctx, e, f, off, ra)
 		}
 		if err := l.fill(ctx, e, f, off/cache.ChunkSize, (min(end, size)-1)/cache.ChunkSize, true); err != nil {
-			return nil, l.errno("read", key, err)
+			return nil, l.errno("read", l.keyOf(e), err)
 		}
 	}
 	return nil, syscall.EIO
