@@ -12,22 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-livebench}
-VGW=${AMLFS_VERSITYGW:-$HOME/.cache/amlfs-tools/versitygw}
 TOOLS=${TOOLS:-native amlfs rclone s3fs}
-AWS=/usr/bin/aws   # Debian's awscli (a pyenv shim may shadow it on PATH)
-[ -x "$AWS" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null
 for t in rclone s3fs; do
   case " $TOOLS " in *" $t "*) command -v $t >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $t >/dev/null;; esac
 done
 
-rm -rf "$WORK"; mkdir -p "$WORK"/{data/bkt,bin,run}
-go build -o "$WORK/bin/amlfs" ./cmd/amlfs
-AM="$WORK/bin/amlfs"
-PORT=$((20000 + RANDOM % 20000))
-"$VGW" --port 127.0.0.1:$PORT --access benchkey --secret benchsecret posix "$WORK/data" >"$WORK/vgw.log" 2>&1 &
-VPID=$!
-export AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret AWS_REGION=us-east-1 AMLFS_RUNTIME_DIR="$WORK/run"
-EP=http://127.0.0.1:$PORT
+. bench/common.sh
 MNT="$WORK/mnt"
 cleanup() {
   "$AM" unmount --no-save "$MNT" >/dev/null 2>&1 || true
@@ -41,8 +31,6 @@ tar -C "$(go env GOROOT)" -cf "$WORK/src.tar" src
 FILES=$(tar -tf "$WORK/src.tar" | wc -l)
 head -c $((1 << 30)) /dev/urandom > "$WORK/gib"
 
-now() { date +%s.%N; }
-since() { echo "$(now) - $1" | bc -l; }
 settle() { sync; echo 3 > /proc/sys/vm/drop_caches; sleep 1; }
 
 # mount_TOOL DIR PREFIX mounts the tool's view of s3://bkt/PREFIX at DIR.

@@ -11,18 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-s3bench}
-VGW=${AMLFS_VERSITYGW:-$HOME/.cache/amlfs-tools/versitygw}
-AWS=/usr/bin/aws   # Debian's awscli (a pyenv shim may shadow it on PATH)
-[ -x "$AWS" ] || apt-get install -y -qq awscli >/dev/null
-
-rm -rf "$WORK"; mkdir -p "$WORK"/{data/bkt,bin,run,src}
-go build -o "$WORK/bin/amlfs" ./cmd/amlfs
-AM="$WORK/bin/amlfs"
-PORT=$((20000 + RANDOM % 20000))
-"$VGW" --port 127.0.0.1:$PORT --access benchkey --secret benchsecret posix "$WORK/data" >"$WORK/vgw.log" 2>&1 &
-VPID=$!
-export AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret AWS_REGION=us-east-1 AMLFS_RUNTIME_DIR="$WORK/run"
-EP=http://127.0.0.1:$PORT
+. bench/common.sh
+mkdir -p "$WORK/src"
 S3="--s3-endpoint $EP --s3-path-style"
 cleanup() {
   for m in "$WORK"/m*; do "$AM" unmount --no-save "$m" >/dev/null 2>&1 || true; done
@@ -31,9 +21,6 @@ cleanup() {
 trap cleanup EXIT
 sleep 1
 
-now() { date +%s.%N; }
-since() { echo "$(now) - $1" | bc -l; }
-ratio() { echo "$1 / $2" | bc -l; }
 
 # --- 1 and 2: 10k files, 200 MB -------------------------------------------
 m="$WORK/m10k"

@@ -257,12 +257,7 @@ func TestFsxS3(t *testing.T) {
 	}
 	srv := startS3(t, false)
 	l := newLiveS3(t, srv, "fsx")
-	mp := filepath.Join(l.root, "mnt")
-	if r := l.amlfs(append([]string{"mount", "--daemon", mp, "--store", "none", "--cache-dir", l.cache,
-		"--mount", "/s=s3://" + s3Bucket + "/fsx"}, l.s3Args()...)...); r.code != 0 {
-		t.Fatalf("mount: %s", r)
-	}
-	t.Cleanup(func() { l.forceUnmount(mp) })
+	mp := l.mountNone("fsx")
 	x := newFsx(t, filepath.Join(mp, "s"), 2)
 	x.run(ops)
 	l.drained(mp, "/s")

@@ -62,6 +62,19 @@ func (l *liveS3) head(key string) (*s3.HeadObjectOutput, error) {
 	return l.c.HeadObject(context.Background(), &s3.HeadObjectInput{Bucket: aws.String(s3Bucket), Key: aws.String(l.prefix + key)})
 }
 
+// mountNone mounts only the S3 prefix, at /s, with --store none, and
+// returns the mountpoint.
+func (l *liveS3) mountNone(prefix string, extra ...string) string {
+	l.t.Helper()
+	mp := filepath.Join(l.root, "mnt")
+	args := append([]string{"mount", "--daemon", mp, "--store", "none", "--cache-dir", l.cache, "--mount", "/s=s3://" + s3Bucket + "/" + prefix}, l.s3Args()...)
+	if r := l.amlfs(append(args, extra...)...); r.code != 0 {
+		l.t.Fatalf("mount: %s", r)
+	}
+	l.t.Cleanup(func() { l.forceUnmount(mp) })
+	return mp
+}
+
 // pending is what status says the mount at prefix still has to upload.
 func (l *liveS3) pending(mp, prefix string) int {
 	l.t.Helper()
@@ -267,12 +280,7 @@ func TestS3LiveRefresh(t *testing.T) {
 	srv := startS3(t, false)
 	l := newLiveS3(t, srv, "refresh")
 	l.put("f.txt", []byte("one"), nil)
-	mp := filepath.Join(l.root, "mnt")
-	if r := l.amlfs(append([]string{"mount", "--daemon", mp, "--store", "none", "--cache-dir", l.cache, "--metadata-ttl", "1h",
-		"--mount", "/s=s3://" + s3Bucket + "/refresh"}, l.s3Args()...)...); r.code != 0 {
-		t.Fatalf("mount: %s", r)
-	}
-	t.Cleanup(func() { l.forceUnmount(mp) })
+	mp := l.mountNone("refresh", "--metadata-ttl", "1h")
 	if ls := strings.Fields(sh(t, mp, "ls -A")); strings.Join(ls, " ") != "s" {
 		t.Errorf("ls / with --store none = %q, want the mount only", ls)
 	}
@@ -316,12 +324,7 @@ func TestS3LiveLargeRandomWrites(t *testing.T) {
 	}
 	srv := startS3(t, false)
 	l := newLiveS3(t, srv, "big")
-	mp := filepath.Join(l.root, "mnt")
-	if r := l.amlfs(append([]string{"mount", "--daemon", mp, "--store", "none", "--cache-dir", l.cache,
-		"--mount", "/s=s3://" + s3Bucket + "/big"}, l.s3Args()...)...); r.code != 0 {
-		t.Fatalf("mount: %s", r)
-	}
-	t.Cleanup(func() { l.forceUnmount(mp) })
+	mp := l.mountNone("big")
 	const size, block = 2 << 30, 4 << 20
 	f, err := os.OpenFile(filepath.Join(mp, "s/big.bin"), os.O_CREATE|os.O_RDWR, 0o644)
 	must(t, err)
@@ -401,12 +404,7 @@ func TestS3LiveCacheBound(t *testing.T) {
 		l.put(name, b, nil)
 		sums[name] = sha256.Sum256(b)
 	}
-	mp := filepath.Join(l.root, "mnt")
-	if r := l.amlfs(append([]string{"mount", "--daemon", mp, "--store", "none", "--cache-dir", l.cache, "--cache-size", "32MiB",
-		"--mount", "/s=s3://" + s3Bucket + "/bound"}, l.s3Args()...)...); r.code != 0 {
-		t.Fatalf("mount: %s", r)
-	}
-	t.Cleanup(func() { l.forceUnmount(mp) })
+	mp := l.mountNone("bound", "--cache-size", "32MiB")
 	usage := func() int64 {
 		// The cache's files are unlinked once open: count them through
 		// the daemon's descriptors, as du of the directory and of

@@ -190,31 +190,26 @@ func TestToolConcurrency(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			name := fmt.Sprintf("w%02d.txt", w)
+			// Writers 0-7 are tool clients, 8-15 write through the mount.
+			by, write := "write_file", func(v int) error {
+				_, err := toolErr(cl, "write_file", map[string]any{"path": name, "content": body(name, v)})
+				return err
+			}
+			if w >= 8 {
+				by, write = "a shell write", func(v int) error {
+					return os.WriteFile(filepath.Join(mp, name), []byte(body(name, v)), 0o644)
+				}
+			}
 			for v := 1; time.Now().Before(deadline); v++ {
-				var err error
-				if w < 8 {
-					_, err = toolErr(cl, "write_file", map[string]any{"path": name, "content": body(name, v)})
-					if err == nil {
-						last[w] = v
-					}
-					if err == nil && v%5 == 0 {
-						var m map[string]any
-						m, err = toolErr(cl, "read_file", map[string]any{"path": name})
-						if err == nil && m["content"] != body(name, v) {
-							err = fmt.Errorf("%s: read_file after write_file %d returned other content", name, v)
-						}
-					}
-				} else {
-					err = os.WriteFile(filepath.Join(mp, name), []byte(body(name, v)), 0o644)
-					if err == nil {
-						last[w] = v
-					}
-					if err == nil && v%5 == 0 {
-						var m map[string]any
-						m, err = toolErr(cl, "read_file", map[string]any{"path": name})
-						if err == nil && m["content"] != body(name, v) {
-							err = fmt.Errorf("%s: read_file after a shell write %d returned other content", name, v)
-						}
+				err := write(v)
+				if err == nil {
+					last[w] = v
+				}
+				if err == nil && v%5 == 0 {
+					var m map[string]any
+					m, err = toolErr(cl, "read_file", map[string]any{"path": name})
+					if err == nil && m["content"] != body(name, v) {
+						err = fmt.Errorf("%s: read_file after %s %d returned other content", name, by, v)
 					}
 				}
 				if err != nil {

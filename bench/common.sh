@@ -1,0 +1,21 @@
+# common.sh: what the S3 benchmarks share; sourced with WORK set.
+# Installs awscli from Debian if missing, builds amlfs into $WORK/bin
+# (AM), and starts versitygw on a loopback port (EP, VPID) over
+# $WORK/data with bucket "bkt", with credentials exported for amlfs and
+# the AWS CLI.
+VGW=${AMLFS_VERSITYGW:-$HOME/.cache/amlfs-tools/versitygw}
+AWS=/usr/bin/aws   # Debian's awscli (a pyenv shim may shadow it on PATH)
+[ -x "$AWS" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null
+
+rm -rf "$WORK"; mkdir -p "$WORK"/{data/bkt,bin,run}
+go build -o "$WORK/bin/amlfs" ./cmd/amlfs
+AM="$WORK/bin/amlfs"
+PORT=$((20000 + RANDOM % 20000))
+"$VGW" --port 127.0.0.1:$PORT --access benchkey --secret benchsecret posix "$WORK/data" >"$WORK/vgw.log" 2>&1 &
+VPID=$!
+export AWS_ACCESS_KEY_ID=benchkey AWS_SECRET_ACCESS_KEY=benchsecret AWS_REGION=us-east-1 AMLFS_RUNTIME_DIR="$WORK/run"
+EP=http://127.0.0.1:$PORT
+
+now() { date +%s.%N; }
+since() { echo "$(now) - $1" | bc -l; }
+ratio() { echo "$1 / $2" | bc -l; }
