@@ -398,14 +398,21 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	return ch, h, 0, 0
 }
 
+// changing starts a change of this directory's entries: it counts as
+// activity for the write-back queue, is refused on a read-only mount, and
+// needs the directory's listing.
+func (n *node) changing(ctx context.Context) syscall.Errno {
+	n.l.q.touch()
+	if n.ro() {
+		return syscall.EROFS
+	}
+	return n.l.loadDir(ctx, n.e)
+}
+
 // add makes a child name here, set up by init under the lock, unless the
 // mount is read-only or the name is taken.
 func (n *node) add(ctx context.Context, name string, mode uint32, out *fuse.EntryOut, init func(c *ent)) (*gofs.Inode, *ent, syscall.Errno) {
-	n.l.q.touch()
-	if n.ro() {
-		return nil, nil, syscall.EROFS
-	}
-	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
+	if errno := n.changing(ctx); errno != 0 {
 		return nil, nil, errno
 	}
 	n.l.mu.Lock()
@@ -505,11 +512,7 @@ func (n *node) removeLocked(c *ent) string {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	n.l.q.touch()
-	if n.ro() {
-		return syscall.EROFS
-	}
-	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
+	if errno := n.changing(ctx); errno != 0 {
 		return errno
 	}
 	n.l.mu.Lock()
@@ -529,11 +532,7 @@ func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 }
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	n.l.q.touch()
-	if n.ro() {
-		return syscall.EROFS
-	}
-	if errno := n.l.loadDir(ctx, n.e); errno != 0 {
+	if errno := n.changing(ctx); errno != 0 {
 		return errno
 	}
 	n.l.mu.Lock()
