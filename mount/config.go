@@ -44,8 +44,11 @@ type Config struct {
 	Exclude     []string
 	NoGitignore bool
 	NoLock      bool
-	CacheDir    string
-	FuseOptions []string
+	// DiscardUnsaved throws away a working tree an earlier run left
+	// unsaved, instead of resuming it.
+	DiscardUnsaved bool
+	CacheDir       string
+	FuseOptions    []string
 	// Timeout is the kernel entry/attr cache time (0: the default).
 	Timeout time.Duration
 	S3      S3Options

@@ -202,18 +202,27 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := CheckConditionalWrites(ctx, store, cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
 		return err
 	}
+	// The slot first: holding it, this daemon can tell whether the holder
+	// of a lease that is not stale yet is a crashed mount of this host.
+	slots := slotsDir(cfg.CacheDir, store, cfg.ID)
+	slot, err := claimSlot(slots)
+	if err != nil {
+		return err
+	}
+	d.slot = slot
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
+		DeadHolder:  deadHolder(slots, slot, d.notify),
 		LazyRestore: cfg.Restore == "lazy", Progress: d.hooks.Progress, Log: d.log})
 	if err != nil {
 		return err
 	}
 	d.ws = ws
-	slot, err := claimSlot(slotsDir(cfg.CacheDir, store, cfg.ID))
-	if err != nil {
-		return err
+	if h := ws.LeaseHolder(); h != "" {
+		if err := writeLeaseRecord(slots, slot, h); err != nil {
+			return fmt.Errorf("record the lease in %s: %w", slots, err)
+		}
 	}
-	d.slot = slot
 	d.workDir = filepath.Join(filepath.Dir(slot.Name()), "work")
 	d.state = filepath.Join(filepath.Dir(slot.Name()), "state.json")
 	d.setPhase("restoring")
@@ -291,7 +300,9 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 	if data, err := os.ReadFile(d.state); err == nil {
 		var prev workState
 		if err := json.Unmarshal(data, &prev); err == nil {
-			if _, err := os.Stat(d.workDir); err == nil {
+			if _, err := os.Stat(d.workDir); err == nil && cfg.DiscardUnsaved {
+				d.notify("discarding unsaved work left by an earlier run (pid %d, based on revision %q), as --discard-unsaved asks", prev.PID, prev.BaseRev)
+			} else if err == nil {
 				d.notify("resuming unsaved work left by an earlier run (pid %d, based on revision %q) in %s; it will be saved as a new revision", prev.PID, prev.BaseRev, d.workDir)
 				d.baseRev, d.baseMark = prev.BaseRev, -1
 				if n, err := d.ws.ResumePending(d.workDir, cfg.Selection()); err != nil {
@@ -335,11 +346,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 // removed once the tree is saved and dropped at a clean stop.
 func (d *Daemon) writeState() error {
 	data, _ := json.Marshal(workState{ID: d.cfg.ID, Store: d.ws.Store().String(), BaseRev: d.baseRev, PID: os.Getpid()})
-	tmp := d.state + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, d.state)
+	return writeFileSync(d.state, data)
 }
 
 // CheckConditionalWrites refuses a store that ignores If-None-Match or

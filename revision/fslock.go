@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/amlfs/amlfs/amlerr"
 )
 
@@ -27,14 +29,14 @@ func (s *FSStore) conflict(detail string) error {
 }
 
 // Lock takes the lease.
-func (s *FSStore) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
+func (s *FSStore) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error) {
 	if err := os.MkdirAll(s.Base, 0o755); err != nil {
 		return nil, err
 	}
 	lp := s.lockPath()
 	err := os.Mkdir(lp, 0o755)
 	if errors.Is(err, fs.ErrExist) {
-		err = s.takeOver(lp)
+		err = s.takeOver(lp, dead)
 	}
 	if err != nil {
 		return nil, err
@@ -43,7 +45,11 @@ func (s *FSStore) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
 	if err := syscall.Stat(lp, &st); err != nil {
 		return nil, err
 	}
-	l := &fsLease{leaseState: newLeaseState(onLost), path: lp, ino: st.Ino, mtime: st.Mtim}
+	holder, err := lockHolder(lp)
+	if err != nil {
+		return nil, err
+	}
+	l := &fsLease{leaseState: newLeaseState(onLost), path: lp, holder: holder, ino: st.Ino, mtime: st.Mtim}
 	l.start(s.LockRefresh, func() error {
 		if err := l.check(); err != nil {
 			return err
@@ -53,7 +59,20 @@ func (s *FSStore) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
 	return l, nil
 }
 
-func (s *FSStore) takeOver(lp string) error {
+// lockHolder names the lock directory at lp: its inode and birth time,
+// which a removed and re-made directory does not share.
+func lockHolder(lp string) (string, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, lp, 0, unix.STATX_INO|unix.STATX_BTIME, &stx); err != nil {
+		return "", fmt.Errorf("stat %s: %w", lp, err)
+	}
+	if stx.Mask&unix.STATX_BTIME == 0 {
+		return fmt.Sprintf("ino:%d", stx.Ino), nil
+	}
+	return fmt.Sprintf("ino:%d@%d.%09d", stx.Ino, stx.Btime.Sec, stx.Btime.Nsec), nil
+}
+
+func (s *FSStore) takeOver(lp string, dead func(string) bool) error {
 	unlock, err := flockDir(s.Base)
 	if err != nil {
 		return err
@@ -68,7 +87,10 @@ func (s *FSStore) takeOver(lp string) error {
 	}
 	age := time.Since(fi.ModTime())
 	if age < s.LockStale {
-		return s.conflict(fmt.Sprintf("lock %s refreshed %s ago", lp, age.Truncate(time.Second)))
+		holder, err := lockHolder(lp)
+		if err != nil || dead == nil || !dead(holder) {
+			return s.conflict(fmt.Sprintf("lock %s refreshed %s ago", lp, age.Truncate(time.Second)))
+		}
 	}
 	if err := os.Remove(lp); err != nil {
 		return fmt.Errorf("remove stale lock %s: %w", lp, err)
@@ -84,7 +106,8 @@ func (s *FSStore) takeOver(lp string) error {
 
 type fsLease struct {
 	*leaseState
-	path string
+	path   string
+	holder string
 
 	mu    sync.Mutex
 	ino   uint64           // GUARDED_BY(mu)
@@ -127,6 +150,8 @@ func (l *fsLease) touch() error {
 	l.mu.Unlock()
 	return nil
 }
+
+func (l *fsLease) Holder() string { return l.holder }
 
 func (l *fsLease) Lost() error {
 	if err := l.lostErr(); err != nil {

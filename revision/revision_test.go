@@ -247,7 +247,24 @@ func TestLockConflictAndTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatalf("takeover: %v", err)
 	}
-	defer w2.Close(ctx)
+	// A fresh lease is taken over only when its holder, by name, is
+	// reported dead; the new holding has a new name.
+	var asked []string
+	_, err = Open(ctx, st, Options{ID: "l", DeadHolder: func(h string) bool { asked = append(asked, h); return h == "someone else" }})
+	if amlerr.ExitStatus(err) != amlerr.ExitConflict || len(asked) != 1 || asked[0] != w2.LeaseHolder() {
+		t.Fatalf("live holder %q: asked %q, err %v", w2.LeaseHolder(), asked, err)
+	}
+	w3, err := Open(ctx, st, Options{ID: "l", DeadHolder: func(h string) bool { return h == w2.LeaseHolder() }})
+	if err != nil {
+		t.Fatalf("takeover from a dead holder: %v", err)
+	}
+	defer w3.Close(ctx)
+	if w3.LeaseHolder() == w2.LeaseHolder() || w3.LeaseHolder() == "" {
+		t.Errorf("holder names: %q then %q", w2.LeaseHolder(), w3.LeaseHolder())
+	}
+	if err := w2.LeaseErr(); !amlerr.Has(err, amlerr.LockLost) {
+		t.Errorf("the dead holder's lease: %v", err)
+	}
 }
 
 func TestLostLeaseFailsSave(t *testing.T) {
@@ -491,7 +508,7 @@ func TestLeaseHeartbeat(t *testing.T) {
 	st, _ := NewFSStore(base, "hb")
 	st.LockRefresh = 50 * time.Millisecond
 	lost := make(chan error, 1)
-	lease, err := st.Lock(context.Background(), func(err error) { lost <- err })
+	lease, err := st.Lock(context.Background(), func(err error) { lost <- err }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,11 +64,11 @@ func (s *S3Store) readLock(ctx context.Context) (lockRecord, string, error) {
 }
 
 // Lock takes the lease.
-func (s *S3Store) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
+func (s *S3Store) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error) {
 	rec := lockRecord{Token: uuid.NewString(), UpdatedAt: s.Now().UnixMilli()}
 	etag, err := s.putLock(ctx, rec, "")
 	if errors.Is(err, ErrPrecondition) {
-		etag, err = s.takeOver(ctx, rec)
+		etag, err = s.takeOver(ctx, rec, dead)
 	}
 	if err != nil {
 		return nil, err
@@ -78,7 +78,7 @@ func (s *S3Store) Lock(ctx context.Context, onLost func(error)) (Lease, error) {
 	return l, nil
 }
 
-func (s *S3Store) takeOver(ctx context.Context, rec lockRecord) (string, error) {
+func (s *S3Store) takeOver(ctx context.Context, rec lockRecord, dead func(string) bool) (string, error) {
 	cur, etag, err := s.readLock(ctx)
 	if errors.Is(err, ErrNotExist) {
 		// Released in between: try a fresh create once more.
@@ -96,7 +96,7 @@ func (s *S3Store) takeOver(ctx context.Context, rec lockRecord) (string, error) 
 		return etag, nil
 	}
 	age := s.Now().Sub(time.UnixMilli(cur.UpdatedAt))
-	if age < s.LockStale {
+	if age < s.LockStale && (dead == nil || !dead(cur.Token)) {
 		return "", s.conflict(fmt.Sprintf("%s refreshed %s ago", s.key(lockKey), age.Truncate(time.Second)))
 	}
 	etag, err = s.putLock(ctx, rec, etag)
@@ -139,6 +139,8 @@ func (l *s3Lease) refresh() error {
 	l.mu.Unlock()
 	return nil
 }
+
+func (l *s3Lease) Holder() string { return l.token }
 
 // Lost checks with the store that lock.json still holds our token.
 func (l *s3Lease) Lost() error {

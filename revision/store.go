@@ -36,8 +36,10 @@ type Store interface {
 	Artifacts(ctx context.Context) ([]string, error)
 	// Lock takes the single-writer lease for the workspace, or fails with
 	// AML_WORKSPACE_CONFLICT. onLost, if not nil, is called once if the
-	// heartbeat finds the lease gone.
-	Lock(ctx context.Context, onLost func(error)) (Lease, error)
+	// heartbeat finds the lease gone. A lease that is not stale yet is
+	// still taken over if dead, not nil, reports its holder (as a Lease's
+	// Holder names it) dead.
+	Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error)
 	// Destroy removes the workspace root and everything under it.
 	Destroy(ctx context.Context) error
 }
@@ -68,4 +70,8 @@ type Lease interface {
 	Lost() error
 	// Release gives the lease up; it reports a lost lease.
 	Release(ctx context.Context) error
+	// Holder names this holding of the lease: the token in lock.json, or
+	// the identity of the lock directory. No later holding has the same
+	// name.
+	Holder() string
 }

@@ -30,6 +30,9 @@ type Options struct {
 	Retention int    // revisions kept, counting the new current one (default 1)
 	Limits    Limits
 	NoLock    bool
+	// DeadHolder, if set, reports whether the holder of a lease that is not
+	// stale yet is known to be dead, so that the lease is taken over.
+	DeadHolder func(holder string) bool
 	// LazyRestore restores folder revisions as placeholders whose bytes
 	// are fetched on first use (see lazy.go).
 	LazyRestore bool
@@ -78,7 +81,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 	if !opts.NoLock {
 		lease, err := store.Lock(ctx, func(err error) {
 			opts.Log.Error("workspace lease lost; the next save or release will fail", "id", opts.ID, "err", err)
-		})
+		}, opts.DeadHolder)
 		if err != nil {
 			return nil, err
 		}
@@ -576,6 +579,15 @@ func (w *Workspace) setBase(b *baseTree) {
 	w.lmu.Lock()
 	w.base = b
 	w.lmu.Unlock()
+}
+
+// LeaseHolder names the lease this workspace holds (see Lease.Holder), or
+// "" when running unlocked.
+func (w *Workspace) LeaseHolder() string {
+	if w.lease == nil {
+		return ""
+	}
+	return w.lease.Holder()
 }
 
 // LeaseErr reports a lost lease; nil when held or when running unlocked.

@@ -35,9 +35,14 @@ func destroyCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			cache := c.String("cache-dir")
+			if cache == "" {
+				cache = mount.DefaultCacheDir()
+			}
 			// Taking the lease proves no live writer holds it (a stale
-			// lease is taken over, as a mount would).
-			lease, err := st.Lock(c.Context, func(error) {})
+			// lease, or one a crashed mount of this host and cache dir
+			// left, is taken over, as a mount would).
+			lease, err := st.Lock(c.Context, func(error) {}, mount.DeadHolder(cache, st, id))
 			if err != nil {
 				return err
 			}
@@ -48,10 +53,6 @@ func destroyCommand() *cli.Command {
 				return err
 			}
 			if c.Bool("purge-cache") {
-				cache := c.String("cache-dir")
-				if cache == "" {
-					cache = mount.DefaultCacheDir()
-				}
 				if err := mount.PurgeCache(cache, st, id); err != nil {
 					return err
 				}
