@@ -268,8 +268,20 @@ func TestStaleMountAfterCrash(t *testing.T) {
 // it leaves behind is dead.
 func (e *env) crash(mp string) {
 	e.t.Helper()
-	st := e.amlfs("status", mp, "--json")
-	syscall.Kill(jsonInt(e.t, st.stdout, "pid"), syscall.SIGKILL)
+	e.kill(mp, e.pid(mp))
+}
+
+// pid is the pid of the daemon serving mp.
+func (e *env) pid(mp string) int {
+	e.t.Helper()
+	return jsonInt(e.t, e.amlfs("status", mp, "--json").stdout, "pid")
+}
+
+// kill kills daemon pid, serving mp, with SIGKILL and waits until the
+// mount it leaves behind is dead.
+func (e *env) kill(mp string, pid int) {
+	e.t.Helper()
+	syscall.Kill(pid, syscall.SIGKILL)
 	waitFor(e.t, func() bool { _, err := os.Stat(mp); return err != nil })
 }
 

@@ -35,7 +35,9 @@ type Daemon struct {
 	workDir string
 	state   string // the state file in the cache dir
 
-	mu        sync.Mutex // serializes saves and guards the fields below
+	saveMu sync.Mutex // serializes saves; baseRev and baseMark change only under it and mu
+
+	mu        sync.Mutex // guards the fields below; never held across I/O, so status answers during a save
 	baseRev   string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
 	baseMark  int64      // GUARDED_BY(mu): fs.Changes() when baseRev was taken; -1 forces a save
 	lastSave  *SaveInfo  // GUARDED_BY(mu)
@@ -580,36 +582,52 @@ func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
 	}
 	thaw := d.fs.Freeze()
 	defer thaw()
+	d.setPhase("committing")
+	defer func() {
+		d.mu.Lock()
+		if d.phase == "committing" {
+			d.phase = "serving"
+		}
+		d.mu.Unlock()
+	}()
 	return d.save(ctx, revID)
 }
 
 // save publishes the working tree unless it is unchanged since it was
 // restored or last saved and that revision is still current.
 func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.saveMu.Lock()
+	defer d.saveMu.Unlock()
 	mark := d.fs.Changes()
-	if idx := d.ws.Index(); revID != "" && idx != nil && idx.Current == revID && d.baseRev == revID && d.baseMark == mark {
-		// A retry: the caller's id is current and holds this tree.
-		d.log.Info("revision id is current and the tree is unchanged; nothing written", "revision", revID)
-		info := SaveInfo{Revision: revID, At: time.Now(), Skipped: true}
+	d.mu.Lock()
+	baseRev, baseMark := d.baseRev, d.baseMark
+	d.mu.Unlock()
+	skip := func(rev string) (SaveInfo, error) {
+		info := SaveInfo{Revision: rev, At: time.Now(), Skipped: true}
+		d.mu.Lock()
 		d.lastSave = &info
+		d.mu.Unlock()
 		return info, nil
 	}
-	if idx := d.ws.Index(); revID == "" && d.baseMark == mark && idx != nil && idx.Current == d.baseRev {
-		d.log.Info("no changes since the last revision; it stays current", "revision", d.baseRev)
-		info := SaveInfo{Revision: d.baseRev, At: time.Now(), Skipped: true}
-		d.lastSave = &info
-		return info, nil
+	if idx := d.ws.Index(); revID != "" && idx != nil && idx.Current == revID && baseRev == revID && baseMark == mark {
+		// A retry: the caller's id is current and holds this tree.
+		d.log.Info("revision id is current and the tree is unchanged; nothing written", "revision", revID)
+		return skip(revID)
+	}
+	if idx := d.ws.Index(); revID == "" && baseMark == mark && idx != nil && idx.Current == baseRev {
+		d.log.Info("no changes since the last revision; it stays current", "revision", baseRev)
+		return skip(baseRev)
 	}
 	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
 	if err != nil {
 		return SaveInfo{}, err
 	}
-	d.baseRev, d.baseMark = res.Entry.ID, mark
 	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
 		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused}
+	d.mu.Lock()
+	d.baseRev, d.baseMark = res.Entry.ID, mark
 	d.lastSave = &info
+	d.mu.Unlock()
 	if err := d.writeState(); err != nil {
 		d.log.Warn("write state", "err", err)
 	}

@@ -74,7 +74,7 @@ func (s *S3Store) wrap(op, key string, err error) error {
 }
 
 func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, string, error) {
-	out, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(key)})
+	out, err := s3p.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(key)})
 	if err != nil {
 		return nil, "", s.wrap("get", key, err)
 	}
@@ -118,7 +118,7 @@ func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (s
 }
 
 func (s *S3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
-	out, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
+	out, err := s3p.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
 	if err != nil {
 		return nil, s.wrap("get", s.key(key), err)
 	}

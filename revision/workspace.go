@@ -49,13 +49,18 @@ type Workspace struct {
 	opts  Options
 	log   *slog.Logger
 
-	mu    sync.Mutex // serializes saves; guards the fields below
-	index *Index     // GUARDED_BY(mu); nil for a new workspace
+	// mu serializes saves. index and version change only under mu and
+	// imu both, so a save reads them under mu alone, and everyone else
+	// under imu, which is never held across I/O: status does not wait for
+	// a save.
+	mu    sync.Mutex
+	imu   sync.Mutex
+	index *Index // GUARDED_BY(mu, imu); nil for a new workspace
 
 	lmu     sync.Mutex // guards base and lazy; never held across I/O
 	base    *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
 	lazy    *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
-	version string     // GUARDED_BY(mu); the index version observed
+	version string     // GUARDED_BY(mu, imu); the index version observed
 	lease   Lease
 }
 
@@ -97,7 +102,9 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 func (w *Workspace) reload(ctx context.Context) error {
 	data, ver, err := w.store.ReadIndex(ctx)
 	if errors.Is(err, ErrNotExist) {
+		w.imu.Lock()
 		w.index, w.version = nil, ""
+		w.imu.Unlock()
 		return nil
 	}
 	if err != nil {
@@ -107,14 +114,16 @@ func (w *Workspace) reload(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", w.store, err)
 	}
+	w.imu.Lock()
 	w.index, w.version = idx, ver
+	w.imu.Unlock()
 	return nil
 }
 
 // Index returns a copy of the index as last observed, or nil.
 func (w *Workspace) Index() *Index {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.imu.Lock()
+	defer w.imu.Unlock()
 	if w.index == nil {
 		return nil
 	}
@@ -128,8 +137,8 @@ func (w *Workspace) Store() Store { return w.store }
 
 // Resolve returns the entry for "current" or a revision id.
 func (w *Workspace) Resolve(rev string) (Entry, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.imu.Lock()
+	defer w.imu.Unlock()
 	if w.index == nil {
 		return Entry{}, amlerr.New(amlerr.InvalidStore, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
 	}
@@ -402,7 +411,9 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 		}
 		return fail(err)
 	}
+	w.imu.Lock()
 	w.index, w.version = next, ver
+	w.imu.Unlock()
 	if entry.Format == FormatFolder {
 		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
 	} else {

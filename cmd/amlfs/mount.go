@@ -19,6 +19,7 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
+	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
 )
 
@@ -52,11 +53,12 @@ func s3Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "s3-endpoint", Usage: "S3 endpoint URL (the AWS config chain and AWS_ENDPOINT_URL also apply)"},
 		&cli.BoolFlag{Name: "s3-path-style", Usage: "address buckets by path (http://host/bucket), as most S3-compatible servers want"},
+		&cli.DurationFlag{Name: "s3-timeout", Value: s3p.DefaultIOTimeout, Usage: "abort and retry an S3 request whose connection has been silent this long"},
 	}
 }
 
 func s3Options(c *cli.Context) mount.S3Options {
-	return mount.S3Options{Endpoint: c.String("s3-endpoint"), PathStyle: c.Bool("s3-path-style")}
+	return mount.S3Options{Endpoint: c.String("s3-endpoint"), PathStyle: c.Bool("s3-path-style"), IOTimeout: c.Duration("s3-timeout")}
 }
 
 func configFrom(c *cli.Context, mountpoint string) mount.Config {

@@ -27,7 +27,15 @@ type Options struct {
 	PathStyle bool   // --s3-path-style
 	// MaxAttempts bounds the tries of one request (default 8).
 	MaxAttempts int
+	// IOTimeout aborts a request, to be retried, when its connection has
+	// brought nothing for this long: a stalled upload or download, or a
+	// server that never answers (default DefaultIOTimeout).
+	IOTimeout time.Duration
 }
+
+// DefaultIOTimeout is Options.IOTimeout's default. It is long enough for a
+// server to copy a large object before it answers.
+const DefaultIOTimeout = 2 * time.Minute
 
 // NewClient builds an S3 client from the standard config chain.
 func NewClient(ctx context.Context, o Options) (*s3.Client, error) {
@@ -36,6 +44,14 @@ func NewClient(ctx context.Context, o Options) (*s3.Client, error) {
 	hc := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) {
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 128
 	})
+	// A rolling window on every read of the connection. It also ends a
+	// stalled upload: while the body is sent, the transport is reading for
+	// the response, which a stalled server does not send.
+	timeout := o.IOTimeout
+	if timeout <= 0 {
+		timeout = DefaultIOTimeout
+	}
+	hc = hc.WithReadTimeout(timeout)
 	cfg, err := config.LoadDefaultConfig(ctx,
 		config.WithHTTPClient(hc),
 		config.WithRetryer(func() aws.Retryer {

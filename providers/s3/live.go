@@ -679,7 +679,7 @@ func (l *Live) get(ctx context.Context, key, etag string, f *cache.File, first, 
 	if etag != "" {
 		in.IfMatch = aws.String(etag)
 	}
-	out, err := l.o.Client.GetObject(ctx, in)
+	out, err := Get(ctx, l.o.Client, in)
 	if err != nil {
 		if IsPrecondition(err) {
 			return fmt.Errorf("%s changed while it was read: %w", l.url(key), syscall.ESTALE)

@@ -471,7 +471,7 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	if link != "" || !remote {
 		return []byte(link), 0
 	}
-	out, err := n.l.o.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: &n.l.o.Bucket, Key: &key})
+	out, err := Get(ctx, n.l.o.Client, &s3.GetObjectInput{Bucket: &n.l.o.Bucket, Key: &key})
 	if err != nil {
 		return nil, n.l.errno("readlink", key, err)
 	}

@@ -1,0 +1,309 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// faultyS3Env is an S3 store env whose daemon reaches versitygw through a
+// fault proxy, with a short stall timeout.
+func faultyS3Env(t *testing.T) (*env, *faultProxy) {
+	srv := startS3(t, false)
+	px := startFaultProxy(t, srv.endpoint)
+	e := newS3Env(t, srv)
+	e.storeArgs = []string{"--s3-endpoint", px.endpoint, "--s3-path-style", "--s3-timeout", "3s"}
+	return e, px
+}
+
+// host is e seen from another machine: its own cache and runtime dirs.
+func (e *env) host(t *testing.T) *env {
+	h := *e
+	h.t = t
+	h.root = t.TempDir()
+	h.cache = filepath.Join(h.root, "cache")
+	h.runtime = filepath.Join(h.root, "run")
+	return &h
+}
+
+// checkReads reads every file want names under mp: each read gives the
+// right bytes or EIO, never other bytes. It returns how many gave EIO.
+func checkReads(t *testing.T, mp string, want map[string][]byte) int {
+	t.Helper()
+	eio := 0
+	for rel, data := range want {
+		got, err := os.ReadFile(filepath.Join(mp, rel))
+		switch {
+		case errors.Is(err, syscall.EIO):
+			eio++
+		case err != nil:
+			t.Errorf("read %s: %v (want the bytes or EIO)", rel, err)
+		case !bytes.Equal(got, data):
+			t.Errorf("read %s: WRONG BYTES: %d bytes, want %d", rel, len(got), len(data))
+		}
+	}
+	return eio
+}
+
+// fileSet writes files of several sizes under mp and returns their
+// contents, by path.
+func fileSet(t *testing.T, mp, dir string) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for i, size := range []int{0, 1, 5000, 300 << 10, 3 << 20, 9<<20 + 3} {
+		rel := filepath.Join(dir, fmt.Sprintf("f%d", i))
+		writeSynced(t, filepath.Join(mp, rel), size)
+		data, err := os.ReadFile(filepath.Join(mp, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[rel] = data
+	}
+	return out
+}
+
+// currentRevision reads workspace id's current revision from the store.
+func (e *env) currentRevision(id string) string {
+	e.t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.storeD, id, "workspace.json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var idx struct{ Current string }
+	json.Unmarshal(data, &idx)
+	return idx.Current
+}
+
+// TestFaultsWorkspaceS3 restores, reads and saves an S3 workspace through
+// each fault: reads give the right bytes or EIO, a save publishes a whole
+// revision or leaves the previous one current, and with the faults gone
+// everything works again.
+func TestFaultsWorkspaceS3(t *testing.T) {
+	e, px := faultyS3Env(t)
+	mp := e.mount("faulty")
+	want := fileSet(t, mp, "base")
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	for _, tc := range []struct {
+		name string
+		f    *fault
+	}{
+		{"latency", &fault{kind: faultLatency, delay: 150 * time.Millisecond}},
+		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
+		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
+		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2}},
+		{"reset", &fault{kind: faultReset, every: 2}},
+		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := e.host(t)
+			before := e.currentRevision("faulty")
+			px.set(tc.f)
+			mp := filepath.Join(h.root, "mnt")
+			if r := h.mountAt(mp, "faulty"); r.code != 0 {
+				t.Fatalf("mount under %s: %s", tc.name, r)
+			}
+			// One request in two fails, and retries (the SDK's, and the
+			// resumed bodies) cover that: no read may fail, let alone
+			// give wrong bytes.
+			if n := checkReads(t, mp, want); n > 0 {
+				t.Errorf("%d of %d reads gave EIO under %s", n, len(want), tc.name)
+			}
+			// A save under the fault: all or nothing.
+			more := fileSet(t, mp, tc.name)
+			r := h.amlfs("commit", mp)
+			after := e.currentRevision("faulty")
+			if r.code == 0 {
+				if rev := strings.TrimSpace(r.stdout); rev != after {
+					t.Fatalf("commit printed %s, the index says %s", rev, after)
+				}
+			} else if after != before {
+				t.Fatalf("a failed commit (%s) moved current from %s to %s", r, before, after)
+			}
+			acted := px.acted(tc.f)
+			px.set()
+			if acted == 0 {
+				t.Fatalf("the %s fault never acted", tc.name)
+			}
+			// The faults are gone: every read is right, and saves work.
+			if n := checkReads(t, mp, want); n > 0 {
+				t.Fatalf("%d reads still fail after the faults stopped", n)
+			}
+			for k, v := range more {
+				want[k] = v
+			}
+			if r := h.unmount(mp); r.code != 0 {
+				t.Fatalf("unmount after the faults: %s", r)
+			}
+			// What is current is whole.
+			v := e.host(t)
+			mp2 := filepath.Join(v.root, "verify")
+			if r := v.mountAt(mp2, "faulty"); r.code != 0 {
+				t.Fatalf("verify mount: %s", r)
+			}
+			if n := checkReads(t, mp2, want); n > 0 {
+				t.Fatalf("%d reads of the saved revision failed", n)
+			}
+			v.unmount(mp2)
+		})
+	}
+}
+
+// TestFaultsStalledUpload stalls an upload mid-body: the daemon gives up on
+// the silent connection after --s3-timeout and retries, and the save
+// completes.
+func TestFaultsStalledUpload(t *testing.T) {
+	e, px := faultyS3Env(t)
+	mp := e.mount("stall")
+	want := fileSet(t, mp, "d")
+	f := &fault{kind: faultStall, match: putTo("/files/d/f5"), limit: 1}
+	px.set(f)
+	start := time.Now()
+	r := e.amlfs("commit", mp)
+	if r.code != 0 {
+		t.Fatalf("commit with a stalled upload: %s", r)
+	}
+	if px.acted(f) != 1 {
+		t.Fatalf("the stall acted %d times", px.acted(f))
+	}
+	t.Logf("commit with one stalled upload took %s", time.Since(start).Round(time.Millisecond))
+	px.set()
+	e.unmount(mp)
+	v := e.host(t)
+	mp2 := filepath.Join(v.root, "verify")
+	if r := v.mountAt(mp2, "stall"); r.code != 0 {
+		t.Fatalf("verify mount: %s", r)
+	}
+	if n := checkReads(t, mp2, want); n > 0 {
+		t.Fatalf("%d reads failed", n)
+	}
+	v.unmount(mp2)
+}
+
+// TestKillDuringSaveS3 kills the daemon with SIGKILL at each step of a save
+// (during the upload, between upload and publication, during the prune),
+// holding it there by stalling the step's request. The previous revision
+// stays current and loadable, the next mount resumes the tree, its save
+// succeeds, and it removes the orphan artifacts.
+func TestKillDuringSaveS3(t *testing.T) {
+	e, px := faultyS3Env(t)
+	for _, tc := range []struct {
+		step  string
+		match func(r *http.Request) bool
+		// published: the killed save's index publication happened.
+		published bool
+	}{
+		{"upload", putTo("/files/step/f4"), false},
+		{"publish", putTo("/workspace.json"), false},
+		{"prune", isDelete, true},
+	} {
+		t.Run(tc.step, func(t *testing.T) {
+			id := "kill-" + tc.step
+			mp := e.mount(id)
+			first := fileSet(t, mp, "first")
+			if r := e.amlfs("commit", mp); r.code != 0 {
+				t.Fatalf("commit: %s", r)
+			}
+			prev := e.currentRevision(id)
+			second := fileSet(t, mp, "step")
+			f := &fault{kind: faultStall, match: tc.match, limit: 1}
+			px.set(f)
+			pid := e.pid(mp)
+			done := make(chan result, 1)
+			go func() { done <- e.amlfs("commit", mp) }()
+			px.waitStall(t)
+			// Status answers while the save is held up.
+			if st := e.amlfs("status", mp, "--json"); !strings.Contains(st.stdout, `"phase": "committing"`) {
+				t.Errorf("status during the save: %s", st)
+			}
+			e.kill(mp, pid)
+			<-done
+			px.set()
+
+			cur := e.currentRevision(id)
+			if !tc.published && cur != prev {
+				t.Fatalf("killed before publication, yet current moved from %s to %s", prev, cur)
+			}
+			if tc.published && cur == prev {
+				t.Fatalf("killed during the prune, yet current is still %s", prev)
+			}
+			// Whatever is current loads, whole.
+			v := e.host(t)
+			mp2 := filepath.Join(v.root, "verify")
+			if r := v.mountAt(mp2, id, "--no-lock", "--save", "never"); r.code != 0 {
+				t.Fatalf("load the current revision: %s", r)
+			}
+			checkReads(t, mp2, first)
+			if tc.published {
+				checkReads(t, mp2, second)
+			}
+			v.unmount(mp2)
+			if orphans := e.orphans(id); len(orphans) == 0 {
+				t.Fatalf("the kill left no orphan artifacts; it did not stop the save at the %s step", tc.step)
+			}
+
+			// The next mount resumes, its save succeeds and cleans up.
+			if r := e.mountAt(mp, id); r.code != 0 || !strings.Contains(r.stderr, "resuming unsaved work") {
+				t.Fatalf("remount: %s", r)
+			}
+			checkReads(t, mp, first)
+			checkReads(t, mp, second)
+			if r := e.unmount(mp); r.code != 0 {
+				t.Fatalf("save after the kill: %s", r)
+			}
+			if orphans := e.orphans(id); len(orphans) > 0 {
+				t.Fatalf("orphan artifacts left after the next save: %v", orphans)
+			}
+		})
+	}
+}
+
+// orphans lists the artifacts under workspace id's revisions/ that its
+// index does not name.
+func (e *env) orphans(id string) []string {
+	e.t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.storeD, id, "workspace.json"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var idx struct{ Revisions []struct{ Path string } }
+	json.Unmarshal(data, &idx)
+	known := map[string]bool{}
+	for _, r := range idx.Revisions {
+		known[strings.TrimSuffix(strings.TrimPrefix(r.Path, "revisions/"), "/")] = true
+	}
+	out, err := e.client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: aws.String(s3Bucket),
+		Prefix: aws.String(e.prefix + "/" + id + "/revisions/"), Delimiter: aws.String("/")})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var orphans []string
+	for _, p := range out.CommonPrefixes {
+		name := strings.TrimSuffix(strings.TrimPrefix(aws.ToString(p.Prefix), e.prefix+"/"+id+"/revisions/"), "/")
+		if !known[name] {
+			orphans = append(orphans, name)
+		}
+	}
+	for _, o := range out.Contents {
+		name := strings.TrimPrefix(aws.ToString(o.Key), e.prefix+"/"+id+"/revisions/")
+		if !known[name] {
+			orphans = append(orphans, name)
+		}
+	}
+	sort.Strings(orphans)
+	return orphans
+}
