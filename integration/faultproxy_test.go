@@ -184,7 +184,9 @@ func (t *truncWriter) Write(b []byte) (int, error) {
 
 // Request matchers.
 
-func isGet(r *http.Request) bool { return r.Method == http.MethodGet && r.URL.Query().Get("list-type") == "" }
+func isGet(r *http.Request) bool {
+	return r.Method == http.MethodGet && r.URL.Query().Get("list-type") == ""
+}
 
 func putTo(sub string) func(*http.Request) bool {
 	return func(r *http.Request) bool { return r.Method == http.MethodPut && strings.Contains(r.URL.Path, sub) }
