@@ -194,81 +194,111 @@ func TestFaultsStalledUpload(t *testing.T) {
 	v.unmount(mp2)
 }
 
-// TestKillDuringSaveS3 kills the daemon with SIGKILL at each step of a save
+// TestKillDuringSave kills the daemon with SIGKILL at each step of a save
 // (during the upload, between upload and publication, during the prune),
-// holding it there by stalling the step's request. The previous revision
-// stays current and loadable, the next mount resumes the tree, its save
-// succeeds, and it removes the orphan artifacts.
-func TestKillDuringSaveS3(t *testing.T) {
-	e, px := faultyS3Env(t)
-	for _, tc := range []struct {
-		step  string
-		match func(r *http.Request) bool
-		// published: the killed save's index publication happened.
-		published bool
-	}{
-		{"upload", putTo("/files/step/f4"), false},
-		{"publish", putTo("/workspace.json"), false},
-		{"prune", isDelete, true},
-	} {
-		t.Run(tc.step, func(t *testing.T) {
-			id := "kill-" + tc.step
-			mp := e.mount(id)
-			first := fileSet(t, mp, "first")
-			if r := e.amlfs("commit", mp); r.code != 0 {
-				t.Fatalf("commit: %s", r)
-			}
-			prev := e.currentRevision(id)
-			second := fileSet(t, mp, "step")
-			f := &fault{kind: faultStall, match: tc.match, limit: 1}
-			px.set(f)
-			pid := e.pid(mp)
-			done := make(chan result, 1)
-			go func() { done <- e.amlfs("commit", mp) }()
-			px.waitStall(t)
-			// Status answers while the save is held up.
-			if st := e.amlfs("status", mp, "--json"); !strings.Contains(st.stdout, `"phase": "committing"`) {
-				t.Errorf("status during the save: %s", st)
-			}
-			e.kill(mp, pid)
-			<-done
-			px.set()
+// holding it there: on S3 by stalling the step's request in the fault
+// proxy, on a file store by holding the step's file operation in a FUSE
+// gate under the store. The previous revision stays current and loadable,
+// the next mount resumes the tree, its save succeeds, and it removes the
+// orphan artifacts.
+func TestKillDuringSave(t *testing.T) {
+	steps := []string{"upload", "publish", "prune"}
+	t.Run("file", func(t *testing.T) {
+		e := newEnv(t)
+		g := mountGateFS(t)
+		e.storeD = g.dir
+		e.store = "file://" + g.dir
+		arms := map[string]func(op, name string) bool{
+			"upload":  func(op, name string) bool { return op == "create" && name == "f4" },
+			// The index's temporary file: a held operation completes
+			// once released, and the rename would publish.
+			"publish": func(op, name string) bool { return op == "create" && strings.HasPrefix(name, ".tmp-workspace.json") },
+			"prune":   func(op, name string) bool { return op == "unlink" },
+		}
+		for _, step := range steps {
+			t.Run(step, func(t *testing.T) {
+				testKillDuringSave(t, e, step, func() { g.set(arms[step]) }, func() { g.waitHeld(t) }, func() { g.set(nil) })
+			})
+		}
+	})
+	t.Run("s3", func(t *testing.T) {
+		e, px := faultyS3Env(t)
+		matches := map[string]func(r *http.Request) bool{
+			"upload":  putTo("/files/step/f4"),
+			"publish": putTo("/workspace.json"),
+			"prune":   isDelete,
+		}
+		for _, step := range steps {
+			t.Run(step, func(t *testing.T) {
+				testKillDuringSave(t, e, step, func() { px.set(&fault{kind: faultStall, match: matches[step], limit: 1}) },
+					func() { px.waitStall(t) }, func() { px.set() })
+			})
+		}
+	})
+}
 
-			cur := e.currentRevision(id)
-			if !tc.published && cur != prev {
-				t.Fatalf("killed before publication, yet current moved from %s to %s", prev, cur)
-			}
-			if tc.published && cur == prev {
-				t.Fatalf("killed during the prune, yet current is still %s", prev)
-			}
-			// Whatever is current loads, whole.
-			v := e.host(t)
-			mp2 := filepath.Join(v.root, "verify")
-			if r := v.mountAt(mp2, id, "--no-lock", "--save", "never"); r.code != 0 {
-				t.Fatalf("load the current revision: %s", r)
-			}
-			checkReads(t, mp2, first)
-			if tc.published {
-				checkReads(t, mp2, second)
-			}
-			v.unmount(mp2)
-			if orphans := e.orphans(id); len(orphans) == 0 {
-				t.Fatalf("the kill left no orphan artifacts; it did not stop the save at the %s step", tc.step)
-			}
+func testKillDuringSave(t *testing.T, e0 *env, step string, hold, held, release func()) {
+	e := *e0
+	e.t = t
+	id := "kill-" + step
+	published := step == "prune"
+	mp := e.mount(id)
+	first := fileSet(t, mp, "first")
+	if r := e.amlfs("commit", mp); r.code != 0 {
+		t.Fatalf("commit: %s", r)
+	}
+	prev := e.currentRevision(id)
+	second := fileSet(t, mp, "step")
+	hold()
+	pid := e.pid(mp)
+	done := make(chan result, 1)
+	go func() { done <- e.amlfs("commit", mp) }()
+	held()
+	// Status answers while the save is held up.
+	if st := e.amlfs("status", mp, "--json"); !strings.Contains(st.stdout, `"phase": "committing"`) {
+		t.Errorf("status during the save: %s", st)
+	}
+	// SIGKILL, then release the held operation: a thread inside a FUSE
+	// request that has reached the server cannot die until it is
+	// answered, but the answer brings it back only to die.
+	syscall.Kill(pid, syscall.SIGKILL)
+	release()
+	e.kill(mp, pid)
+	<-done
 
-			// The next mount resumes, its save succeeds and cleans up.
-			if r := e.mountAt(mp, id); r.code != 0 || !strings.Contains(r.stderr, "resuming unsaved work") {
-				t.Fatalf("remount: %s", r)
-			}
-			checkReads(t, mp, first)
-			checkReads(t, mp, second)
-			if r := e.unmount(mp); r.code != 0 {
-				t.Fatalf("save after the kill: %s", r)
-			}
-			if orphans := e.orphans(id); len(orphans) > 0 {
-				t.Fatalf("orphan artifacts left after the next save: %v", orphans)
-			}
-		})
+	cur := e.currentRevision(id)
+	if !published && cur != prev {
+		t.Fatalf("killed before publication, yet current moved from %s to %s", prev, cur)
+	}
+	if published && cur == prev {
+		t.Fatalf("killed during the prune, yet current is still %s", prev)
+	}
+	// Whatever is current loads, whole.
+	v := e.host(t)
+	mp2 := filepath.Join(v.root, "verify")
+	if r := v.mountAt(mp2, id, "--no-lock", "--save", "never"); r.code != 0 {
+		t.Fatalf("load the current revision: %s", r)
+	}
+	checkReads(t, mp2, first)
+	if published {
+		checkReads(t, mp2, second)
+	}
+	v.unmount(mp2)
+	if orphans := e.orphans(id); len(orphans) == 0 {
+		t.Fatalf("the kill left no orphan artifacts; it did not stop the save at the %s step", step)
+	}
+
+	// The next mount resumes, its save succeeds and cleans up.
+	if r := e.mountAt(mp, id); r.code != 0 || !strings.Contains(r.stderr, "resuming unsaved work") {
+		t.Fatalf("remount: %s", r)
+	}
+	checkReads(t, mp, first)
+	checkReads(t, mp, second)
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save after the kill: %s", r)
+	}
+	if orphans := e.orphans(id); len(orphans) > 0 {
+		t.Fatalf("orphan artifacts left after the next save: %v", orphans)
 	}
 }
 
@@ -285,6 +315,18 @@ func (e *env) orphans(id string) []string {
 	known := map[string]bool{}
 	for _, r := range idx.Revisions {
 		known[strings.TrimSuffix(strings.TrimPrefix(r.Path, "revisions/"), "/")] = true
+	}
+	if e.kind != "s3" {
+		var orphans []string
+		for _, dir := range []string{"revisions", ".amlfs-staging"} {
+			ents, _ := os.ReadDir(filepath.Join(e.storeD, id, dir))
+			for _, d := range ents {
+				if dir != "revisions" || !known[d.Name()] {
+					orphans = append(orphans, dir+"/"+d.Name())
+				}
+			}
+		}
+		return orphans
 	}
 	out, err := e.client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: aws.String(s3Bucket),
 		Prefix: aws.String(e.prefix + "/" + id + "/revisions/"), Delimiter: aws.String("/")})

@@ -88,7 +88,12 @@ func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (s
 			return "", fmt.Errorf("%w: %s was replaced by another writer", ErrPrecondition, IndexKey)
 		}
 	}
-	if err := writeFileAtomic(s.path(IndexKey), data); err != nil {
+	// The temporary file goes in the staging directory, so that a crash
+	// leaves it where the next save's cleanup looks.
+	if err := os.MkdirAll(s.path(stagingDir), 0o755); err != nil {
+		return "", err
+	}
+	if err := writeFileAtomic(s.path(IndexKey), s.path(stagingDir), data); err != nil {
 		return "", err
 	}
 	return version(data), nil
@@ -114,9 +119,9 @@ func flockDir(dir string) (func(), error) {
 
 // writeFileAtomic writes a temp file, fsyncs it, renames it over name and
 // fsyncs the directory.
-func writeFileAtomic(name string, data []byte) error {
+func writeFileAtomic(name, tmpDir string, data []byte) error {
 	dir := filepath.Dir(name)
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(name)+"-*")
+	tmp, err := os.CreateTemp(tmpDir, ".tmp-"+filepath.Base(name)+"-*")
 	if err != nil {
 		return err
 	}
@@ -159,8 +164,26 @@ func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
 	return f, nil
 }
 
+// Remove first moves the artifact into the staging directory, so that it
+// leaves revisions/ at once, whole; a crash while its files are deleted
+// leaves the rest where the next save's cleanup looks.
 func (s *FSStore) Remove(ctx context.Context, key string) error {
-	return os.RemoveAll(s.path(strings.TrimSuffix(key, "/")))
+	p := s.path(strings.TrimSuffix(key, "/"))
+	if !strings.HasPrefix(key, stagingDir+"/") {
+		if err := os.MkdirAll(s.path(stagingDir), 0o755); err != nil {
+			return err
+		}
+		trash := filepath.Join(s.path(stagingDir), "removed-"+uuid.NewString())
+		err := os.Rename(p, trash)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p = trash
+	}
+	return os.RemoveAll(p)
 }
 
 func (s *FSStore) Artifacts(ctx context.Context) ([]string, error) {
