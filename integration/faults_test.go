@@ -209,7 +209,7 @@ func TestKillDuringSave(t *testing.T) {
 		e.storeD = g.dir
 		e.store = "file://" + g.dir
 		arms := map[string]func(op, name string) bool{
-			"upload":  func(op, name string) bool { return op == "create" && name == "f4" },
+			"upload": func(op, name string) bool { return op == "create" && name == "f4" },
 			// The index's temporary file: a held operation completes
 			// once released, and the rename would publish.
 			"publish": func(op, name string) bool { return op == "create" && strings.HasPrefix(name, ".tmp-workspace.json") },
