@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -348,4 +349,84 @@ func (e *env) orphans(id string) []string {
 	}
 	sort.Strings(orphans)
 	return orphans
+}
+
+// TestFaultsLiveS3 reads and writes an S3 live mount through each fault:
+// reads give the right bytes or EIO, never others; an outage gives EIO and
+// an unhealthy status, not a hang; and once the faults stop, the mount
+// works again.
+func TestFaultsLiveS3(t *testing.T) {
+	srv := startS3(t, false)
+	px := startFaultProxy(t, srv.endpoint)
+	l := newLiveS3(t, srv, "flt")
+	l.endpoint = px.endpoint
+	want := map[string][]byte{}
+	for i, size := range []int{0, 1, 5000, 3 << 20, 40<<20 + 5} {
+		data := make([]byte, size)
+		rand.Read(data)
+		key := fmt.Sprintf("o%d", i)
+		l.put(key, data, nil)
+		want[filepath.Join("s", key)] = data
+	}
+	mp := l.mountNone("flt", "--s3-timeout", "3s", "--metadata-ttl", "1s")
+	refresh := func() {
+		if r := l.amlfs("refresh", mp); r.code != 0 {
+			logs, _ := filepath.Glob(filepath.Join(l.runtime, "*.log"))
+			for _, p := range logs {
+				b, _ := os.ReadFile(p)
+				t.Logf("%s:\n%s", p, b)
+			}
+			t.Fatalf("refresh: %s", r)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		f    *fault
+	}{
+		{"latency", &fault{kind: faultLatency, delay: 100 * time.Millisecond}},
+		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
+		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
+		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2}},
+		{"reset", &fault{kind: faultReset, every: 2}},
+		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refresh()
+			px.set(tc.f)
+			if n := checkReads(t, mp, want); n > 0 {
+				t.Errorf("%d of %d reads gave EIO under %s", n, len(want), tc.name)
+			}
+			// A write under the fault: fsync reports it in the bucket.
+			rel := filepath.Join("s", "w-"+strings.ReplaceAll(tc.name, " ", "-"))
+			writeSynced(t, filepath.Join(mp, rel), 2<<20+1)
+			data, _ := os.ReadFile(filepath.Join(mp, rel))
+			if got, err := l.get(filepath.Base(rel)); err != nil || !bytes.Equal(got, data) {
+				t.Errorf("after fsync under %s the bucket holds %d bytes (%v), want %d", tc.name, len(got), err, len(data))
+			}
+			want[rel] = data
+			acted := px.acted(tc.f)
+			px.set()
+			if acted == 0 {
+				t.Fatalf("the %s fault never acted", tc.name)
+			}
+		})
+	}
+	// An outage: every request fails. Reads of uncached data give EIO,
+	// soon, and status says the mount is unhealthy.
+	refresh()
+	px.set(&fault{kind: faultStatus, status: 503, code: "ServiceUnavailable"})
+	start := time.Now()
+	if n := checkReads(t, mp, want); n == 0 {
+		t.Fatal("every read succeeded during an outage")
+	}
+	t.Logf("reads during the outage failed in %s", time.Since(start).Round(time.Millisecond))
+	if h := l.health(mp, "/s"); h == "ok" {
+		t.Errorf("status says ok during an outage")
+	}
+	px.set()
+	// The outage is over: the mount recovers, with no remount.
+	waitFor(t, func() bool { return checkReads(t, mp, want) == 0 })
+	if h := l.health(mp, "/s"); h != "ok" {
+		t.Errorf("status after the outage: %s", h)
+	}
 }

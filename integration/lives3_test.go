@@ -27,6 +27,9 @@ type liveS3 struct {
 	*env
 	c      *s3.Client
 	prefix string // key prefix of the live mount, ending in "/"
+	// endpoint, if set, is where the daemon reaches the bucket (a fault
+	// proxy); the test's own client always goes to the server.
+	endpoint string
 }
 
 func newLiveS3(t *testing.T, srv *s3Server, prefix string) *liveS3 {
@@ -37,6 +40,9 @@ func newLiveS3(t *testing.T, srv *s3Server, prefix string) *liveS3 {
 }
 
 func (l *liveS3) s3Args() []string {
+	if l.endpoint != "" {
+		return []string{"--s3-endpoint", l.endpoint, "--s3-path-style"}
+	}
 	return []string{"--s3-endpoint", l.s3.endpoint, "--s3-path-style"}
 }
 
@@ -78,12 +84,25 @@ func (l *liveS3) mountNone(prefix string, extra ...string) string {
 // pending is what status says the mount at prefix still has to upload.
 func (l *liveS3) pending(mp, prefix string) int {
 	l.t.Helper()
+	return l.mountStatus(mp, prefix).Pending
+}
+
+// health is what status says of the mount at prefix.
+func (l *liveS3) health(mp, prefix string) string {
+	l.t.Helper()
+	return l.mountStatus(mp, prefix).Health
+}
+
+type mountStatus struct {
+	Prefix  string `json:"prefix"`
+	Health  string `json:"health"`
+	Pending int    `json:"pending"`
+}
+
+func (l *liveS3) mountStatus(mp, prefix string) mountStatus {
+	l.t.Helper()
 	var st struct {
-		Mounts []struct {
-			Prefix  string `json:"prefix"`
-			Health  string `json:"health"`
-			Pending int    `json:"pending"`
-		} `json:"mounts"`
+		Mounts []mountStatus `json:"mounts"`
 	}
 	r := l.amlfs("status", mp, "--json")
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
@@ -91,11 +110,11 @@ func (l *liveS3) pending(mp, prefix string) int {
 	}
 	for _, m := range st.Mounts {
 		if m.Prefix == prefix {
-			return m.Pending
+			return m
 		}
 	}
 	l.t.Fatalf("status has no mount %s: %s", prefix, r.stdout)
-	return 0
+	return mountStatus{}
 }
 
 // drained waits until the mount has uploaded everything.
