@@ -138,3 +138,39 @@ func FuzzSeg(f *testing.F) {
 		}
 	})
 }
+
+// FuzzGitignore snapshots a small tree under an arbitrary .gitignore: the
+// snapshot never fails because of the file's content, names only paths
+// that exist and are valid, and always keeps what an explicit include
+// names.
+func FuzzGitignore(f *testing.F) {
+	for _, s := range []string{"*.log\n", "!keep.log\n*.log\n", "/a/\n", "**/b\n", "\\#x\n[\n", "a/**/c\n!a/b/\n", "\x00\n/\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, ignore string) {
+		dir := t.TempDir()
+		for _, p := range []string{"a/b/c.txt", "a/keep.log", "x.log", "top.txt"} {
+			os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755)
+			os.WriteFile(filepath.Join(dir, p), []byte(p), 0o644)
+		}
+		os.WriteFile(filepath.Join(dir, ".gitignore"), []byte(ignore), 0o644)
+		os.WriteFile(filepath.Join(dir, "a", ".gitignore"), []byte(ignore), 0o644)
+		es, err := Snapshot(dir, Selection{Include: []string{"top.txt"}})
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		top := false
+		for _, e := range es {
+			if err := ValidPath(e.Path); err != nil {
+				t.Fatalf("invalid path %q: %v", e.Path, err)
+			}
+			if _, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(e.Path))); err != nil {
+				t.Fatalf("snapshot names %q: %v", e.Path, err)
+			}
+			top = top || e.Path == "top.txt"
+		}
+		if !top {
+			t.Fatalf("an explicit include was ignored: %v", es)
+		}
+	})
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// FuzzConfigFile feeds arbitrary YAML to --config, through the same flag
+// loading and config normalization a mount does (without mounting): a bad
+// file is an INVALID_CONFIG error with exit status 2, never a panic, and a
+// good one gives a config that passed every check.
+func FuzzConfigFile(f *testing.F) {
+	for _, s := range []string{
+		"store: s3://bucket/aml/workspaces\nid: demo\n",
+		"mount: [\"/data=file:///srv/data,ro\"]\nretention: 3\n",
+		"retention: -1\n",
+		"include: ['[']\n",
+		"mount: [\"/=file:///x\"]\n",
+		"cache-size: 12XB\n",
+		"kernel-cache: forever\n",
+		"store: {a: b}\n",
+		"- just\n- a list\n",
+		"\x00\x01",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, yaml string) {
+		file := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := mountCommand()
+		cmd.Action = func(c *cli.Context) error {
+			cfg := configFrom(c, "/mnt/fuzz")
+			return cfg.Normalize()
+		}
+		app := &cli.App{Name: "amlfs", Commands: []*cli.Command{cmd}, Writer: io.Discard, ErrWriter: io.Discard,
+			ExitErrHandler: func(*cli.Context, error) {}}
+		err := app.Run([]string{"amlfs", "mount", "--config", file, "/mnt/fuzz"})
+		if err != nil && (amlerr.Code(err) != amlerr.InvalidConfig || amlerr.ExitStatus(err) != amlerr.ExitUsage) {
+			t.Fatalf("rejected without INVALID_CONFIG and exit status 2: %v", err)
+		}
+	})
+}
