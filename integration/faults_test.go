@@ -106,7 +106,7 @@ func TestFaultsWorkspaceS3(t *testing.T) {
 		{"latency", &fault{kind: faultLatency, delay: 150 * time.Millisecond}},
 		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
 		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
-		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2}},
+		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2, limit: 8}},
 		{"reset", &fault{kind: faultReset, every: 2}},
 		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
 	} {
@@ -124,16 +124,18 @@ func TestFaultsWorkspaceS3(t *testing.T) {
 			if n := checkReads(t, mp, want); n > 0 {
 				t.Errorf("%d of %d reads gave EIO under %s", n, len(want), tc.name)
 			}
-			// A save under the fault: all or nothing.
+			// A save under the fault: all or nothing, and with retries,
+			// all.
 			more := fileSet(t, mp, tc.name)
 			r := h.amlfs("commit", mp)
 			after := e.currentRevision("faulty")
-			if r.code == 0 {
-				if rev := strings.TrimSpace(r.stdout); rev != after {
-					t.Fatalf("commit printed %s, the index says %s", rev, after)
+			if r.code != 0 {
+				if after != before {
+					t.Fatalf("a failed commit (%s) moved current from %s to %s", r, before, after)
 				}
-			} else if after != before {
-				t.Fatalf("a failed commit (%s) moved current from %s to %s", r, before, after)
+				t.Errorf("commit under %s failed: %s", tc.name, r)
+			} else if rev := strings.TrimSpace(r.stdout); rev != after {
+				t.Fatalf("commit printed %s, the index says %s", rev, after)
 			}
 			acted := px.acted(tc.f)
 			px.set()
@@ -386,7 +388,7 @@ func TestFaultsLiveS3(t *testing.T) {
 		{"latency", &fault{kind: faultLatency, delay: 100 * time.Millisecond}},
 		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
 		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
-		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2}},
+		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2, limit: 8}},
 		{"reset", &fault{kind: faultReset, every: 2}},
 		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
 	} {
