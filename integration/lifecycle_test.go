@@ -376,20 +376,27 @@ func testBadStoreInput(t *testing.T, newEnv func(*testing.T) *env) {
 	}
 }
 
-// tgzBomb is a small archive that claims 2 GiB of zeros.
+// tgzBomb is a small, complete archive holding 2 GiB of zeros. It is
+// built as concatenated gzip members, which a gzip reader reads as one
+// stream, so that its 2,048 identical 1 MiB members are compressed once.
 func tgzBomb(t *testing.T) []byte {
-	var buf bytes.Buffer
-	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
-	tw := tar.NewWriter(gz)
-	hdr := &tar.Header{Name: "./zeros", Typeflag: tar.TypeReg, Size: 2 << 30, Mode: 0o644}
-	if err := tw.WriteHeader(hdr); err != nil {
+	member := func(data []byte) []byte {
+		var buf bytes.Buffer
+		gz, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+		gz.Write(data)
+		gz.Close()
+		return buf.Bytes()
+	}
+	var hdr bytes.Buffer
+	tw := tar.NewWriter(&hdr)
+	if err := tw.WriteHeader(&tar.Header{Name: "./zeros", Typeflag: tar.TypeReg, Size: 2 << 30, Mode: 0o644}); err != nil {
 		t.Fatal(err)
 	}
-	zero := make([]byte, 1<<20)
+	tw.Flush()
+	out := member(hdr.Bytes())
+	mib := member(make([]byte, 1<<20))
 	for i := 0; i < 2<<10; i++ {
-		tw.Write(zero)
+		out = append(out, mib...)
 	}
-	tw.Close()
-	gz.Close()
-	return buf.Bytes()
+	return append(out, member(make([]byte, 1024))...) // the end-of-archive blocks
 }
