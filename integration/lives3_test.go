@@ -351,13 +351,7 @@ func TestS3LiveLargeRandomWrites(t *testing.T) {
 	order := r.Perm(size / block)
 	blockData := func(i int) []byte {
 		b := make([]byte, block)
-		rr := rand.New(rand.NewPCG(uint64(i), 3))
-		for j := 0; j < block; j += 8 {
-			v := rr.Uint64()
-			for k := 0; k < 8; k++ {
-				b[j+k] = byte(v >> (8 * k))
-			}
-		}
+		rand.NewChaCha8([32]byte{byte(i), byte(i >> 8), 3}).Read(b)
 		return b
 	}
 	for _, i := range order {
