@@ -47,6 +47,8 @@ type Options struct {
 	// ReadOnlyRoot refuses every change outside the live mounts with
 	// EROFS (--store none: the root only lists the mounts).
 	ReadOnlyRoot bool
+	// Ops, if set, is told of every request served, for metrics.
+	Ops OpObserver
 }
 
 // Live is a provider's tree grafted at a path. The workspace directory at
@@ -161,8 +163,18 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		NegativeTimeout: &timeout,
 		Logger:          mo.Logger,
 	}
-	server, err := gofs.Mount(mountpoint, f.root, gopts)
+	// gofs.Mount, with the request timing wrapped around the node layer.
+	raw := gofs.NewNodeFS(f.root, gopts)
+	if opts.Ops != nil {
+		raw = &metered{RawFileSystem: raw, obs: opts.Ops}
+	}
+	server, err := fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		server.Unmount()
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	f.server = server

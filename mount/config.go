@@ -44,6 +44,9 @@ type Config struct {
 	Exclude     []string
 	NoGitignore bool
 	NoLock      bool
+	// MetricsAddr, if set, is where Prometheus metrics are served
+	// (host:port).
+	MetricsAddr string
 	// DiscardUnsaved throws away a working tree an earlier run left
 	// unsaved, instead of resuming it.
 	DiscardUnsaved bool

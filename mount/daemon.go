@@ -12,12 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/metrics"
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
@@ -46,6 +48,9 @@ type Daemon struct {
 	stopReqs  chan stopRequest
 	startedAt time.Time
 
+	restoredBytes atomic.Int64 // the bytes of the last restore, from its progress
+
+	metrics      *metrics.Metrics
 	stopPrefetch func()
 	closers      []func() error // live mount providers, closed after unmount
 	live         []liveProvider // in the order of cfg.Live
@@ -88,6 +93,9 @@ type Status struct {
 	StartedAt       time.Time `json:"startedAt"`
 	// Mounts are the live mounts and their health.
 	Mounts []MountStatus `json:"mounts,omitempty"`
+	// Metrics are the figures --metrics-addr serves, as name{labels}:
+	// value (histograms as their _count and _sum).
+	Metrics map[string]float64 `json:"metrics,omitempty"`
 }
 
 // MountStatus is one live mount in Status.
@@ -151,11 +159,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	if hooks.Notify == nil {
 		hooks.Notify = func(string) {}
 	}
-	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting"}
+	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting",
+		metrics: metrics.New()}
+	d.cfg.S3.Observe = d.metrics.S3Request
+	stopMetrics, err := d.serveMetrics()
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	if err := d.start(ctx); err != nil {
 		d.cleanupFailedStart(ctx)
 		return err
 	}
+	d.registerGauges()
 	ctl, err := d.serveControl()
 	if err != nil {
 		d.fs.Unmount(5*time.Second, true)
@@ -215,7 +231,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
-		LazyRestore: cfg.Restore == "lazy", Progress: d.hooks.Progress, Log: d.log})
+		LazyRestore: cfg.Restore == "lazy", Progress: d.progress, Log: d.log})
 	if err != nil {
 		return err
 	}
@@ -243,7 +259,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws, Live: live,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws, Live: live, Ops: d.metrics,
 	})
 	if err != nil {
 		return err
@@ -281,7 +297,7 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 	}
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: dir, FsName: "amlfs:none", MountOptions: cfg.FuseOptions, ReadOnlyRoot: true,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live, Ops: d.metrics,
 	})
 	if err != nil {
 		os.RemoveAll(dir)
@@ -335,6 +351,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 	default:
 		start := time.Now()
 		e, err := d.ws.Restore(ctx, cfg.Load, d.workDir, cfg.Selection())
+		d.metrics.Restore(err == nil, time.Since(start), d.restoredBytes.Load())
 		if err != nil {
 			return err
 		}
@@ -603,6 +620,7 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	baseRev, baseMark := d.baseRev, d.baseMark
 	d.mu.Unlock()
 	skip := func(rev string) (SaveInfo, error) {
+		d.metrics.Save("unchanged", 0, 0, 0)
 		info := SaveInfo{Revision: rev, At: time.Now(), Skipped: true}
 		d.mu.Lock()
 		d.lastSave = &info
@@ -620,8 +638,10 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	}
 	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
 	if err != nil {
+		d.metrics.Save("failed", 0, 0, 0)
 		return SaveInfo{}, err
 	}
+	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
 	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
 		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused}
 	d.mu.Lock()
@@ -638,10 +658,13 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 
 // Status reports the daemon's state.
 func (d *Daemon) Status() Status {
+	// The gauges read daemon state under d.mu: gather them first.
+	snap := d.metrics.Snapshot()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := Status{
-		ID: d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
+		Metrics: snap,
+		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
 		Passthrough: d.fs.Passthrough(), SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
 		Lock: "none",

@@ -601,6 +601,19 @@ func (w *Workspace) LeaseHolder() string {
 	return w.lease.Holder()
 }
 
+// LeaseState is "held", "lost" (the heartbeat found it taken over), or
+// "none" (running unlocked), as far as this process knows, without asking
+// the store.
+func (w *Workspace) LeaseState() string {
+	if w.lease == nil {
+		return "none"
+	}
+	if l, ok := w.lease.(interface{ lostErr() error }); ok && l.lostErr() != nil {
+		return "lost"
+	}
+	return "held"
+}
+
 // LeaseErr reports a lost lease; nil when held or when running unlocked.
 func (w *Workspace) LeaseErr() error {
 	if w.lease == nil {

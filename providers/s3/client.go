@@ -14,11 +14,14 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // Options override the config chain.
@@ -31,6 +34,28 @@ type Options struct {
 	// brought nothing for this long: a stalled upload or download, or a
 	// server that never answers (default DefaultIOTimeout).
 	IOTimeout time.Duration
+	// Observe, if set, is told of every HTTP request: the S3 operation,
+	// the response's status (0 when none came) and the time it took.
+	Observe func(op string, status int, d time.Duration) `yaml:"-" json:"-"`
+}
+
+// observeMiddleware reports each attempt of a request to observe. It sits
+// last in the deserialize step, next to the HTTP send, so that it sees
+// every retry and the raw response.
+func observeMiddleware(observe func(op string, status int, d time.Duration)) func(*middleware.Stack) error {
+	return func(st *middleware.Stack) error {
+		return st.Deserialize.Add(middleware.DeserializeMiddlewareFunc("amlfsObserve",
+			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
+				start := time.Now()
+				out, md, err := next.HandleDeserialize(ctx, in)
+				status := 0
+				if r, ok := out.RawResponse.(*smithyhttp.Response); ok && r != nil {
+					status = r.StatusCode
+				}
+				observe(awsmiddleware.GetOperationName(ctx), status, time.Since(start))
+				return out, md, err
+			}), middleware.After)
+	}
 }
 
 // DefaultIOTimeout is Options.IOTimeout's default. It is long enough for a
@@ -75,6 +100,9 @@ func NewClient(ctx context.Context, o Options) (*s3.Client, error) {
 			so.BaseEndpoint = aws.String(o.Endpoint)
 		}
 		so.UsePathStyle = o.PathStyle
+		if o.Observe != nil {
+			so.APIOptions = append(so.APIOptions, observeMiddleware(o.Observe))
+		}
 		// Only send checksums S3 requires: S3-compatible servers differ
 		// in which of the newer flexible checksums they accept.
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired

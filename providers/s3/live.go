@@ -67,7 +67,19 @@ type Live struct {
 	inflight  map[chunkKey]*fetchCall // GUARDED_BY(fetch)
 
 	sem chan struct{} // bounds concurrent ranged GETs
+
+	// hits and misses count the reads that reached the daemon and found
+	// their bytes in the cache, or had to fetch them. Reads of files open
+	// with passthrough never reach it.
+	hits, misses atomic.Int64
 }
+
+// CacheReads returns how many reads found their bytes cached, and how many
+// had to fetch them.
+func (l *Live) CacheReads() (hits, misses int64) { return l.hits.Load(), l.misses.Load() }
+
+// Cache is the data cache the mount uses (shared by a daemon's S3 mounts).
+func (l *Live) Cache() *cache.Cache { return l.o.Cache }
 
 type chunkKey struct {
 	f   *cache.File

@@ -768,7 +768,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 	}
 	window := h.window
 	h.mu.Unlock()
-	for range 4 {
+	for try := range 4 {
 		l.mu.Lock()
 		f, errno := l.dataLocked(e)
 		l.mu.Unlock()
@@ -784,6 +784,13 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 			return nil, l.errno("read", l.keyOf(e), err)
 		}
 		ra := min(end+window, size)
+		if try == 0 {
+			if ok {
+				l.hits.Add(1)
+			} else {
+				l.misses.Add(1)
+			}
+		}
 		if ok {
 			if window > 0 && ra > end {
 				l.readahead(ctx, e, f, end, ra)

@@ -1,0 +1,197 @@
+// Package metrics holds amlfs's Prometheus metrics: one registry per
+// daemon (no globals), instruments the other layers report to, and the
+// same figures as plain numbers for `amlfs status --json`.
+package metrics
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Metrics is one daemon's instruments. A nil *Metrics records nothing.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	fuseOps    *prometheus.HistogramVec
+	fuseErrors *prometheus.CounterVec
+	s3Reqs     *prometheus.CounterVec
+	s3Seconds  *prometheus.HistogramVec
+	saves      *prometheus.CounterVec
+	saveSecs   prometheus.Histogram
+	saveBytes  *prometheus.CounterVec
+	restores   *prometheus.CounterVec
+	restSecs   prometheus.Histogram
+	restBytes  prometheus.Counter
+}
+
+// New makes the instruments, in a registry of their own with the Go
+// runtime's and the process's collectors.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := prometheus.WrapRegistererWithPrefix("amlfs_", reg)
+	m := &Metrics{reg: reg}
+	m.fuseOps = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "fuse_request_duration_seconds", Help: "FUSE requests served by the daemon, by operation (passthrough reads and writes never reach it).",
+		Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
+	}, []string{"op"})
+	m.fuseErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fuse_request_errors_total", Help: "FUSE requests answered with an error, by operation and errno.",
+	}, []string{"op", "errno"})
+	m.s3Reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "s3_requests_total", Help: "S3 HTTP requests (each attempt), by operation and HTTP status (\"error\" when no response came).",
+	}, []string{"op", "status"})
+	m.s3Seconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "s3_request_duration_seconds", Help: "S3 HTTP request time to response headers, by operation.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+	}, []string{"op"})
+	m.saves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "saves_total", Help: "Saves, by result: published, unchanged (nothing to write), or failed.",
+	}, []string{"result"})
+	m.saveSecs = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "save_duration_seconds", Help: "Time of saves that published a revision.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 9),
+	})
+	m.saveBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "save_bytes_total", Help: "File bytes of published revisions: uploaded, or reused from the previous revision.",
+	}, []string{"kind"})
+	m.restores = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "restores_total", Help: "Restores of a revision at mount, by result.",
+	}, []string{"result"})
+	m.restSecs = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "restore_duration_seconds", Help: "Time to restore a revision until the mount is ready.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 9),
+	})
+	m.restBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "restore_bytes_total", Help: "File bytes of restored revisions (lazily restored files count when restored as placeholders).",
+	})
+	f.MustRegister(m.fuseOps, m.fuseErrors, m.s3Reqs, m.s3Seconds, m.saves, m.saveSecs, m.saveBytes, m.restores, m.restSecs, m.restBytes)
+	return m
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Observe records one FUSE request; it makes *Metrics a fuse.OpObserver.
+func (m *Metrics) Observe(op string, start time.Time, st gofuse.Status) {
+	if m == nil {
+		return
+	}
+	m.fuseOps.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if st != gofuse.OK {
+		m.fuseErrors.WithLabelValues(op, strconv.Itoa(int(st))).Inc()
+	}
+}
+
+// S3Request records one S3 HTTP request.
+func (m *Metrics) S3Request(op string, status int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	s := "error"
+	if status > 0 {
+		s = strconv.Itoa(status)
+	}
+	m.s3Reqs.WithLabelValues(op, s).Inc()
+	m.s3Seconds.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// Save records a save: published (with its uploaded and reused bytes),
+// unchanged, or failed.
+func (m *Metrics) Save(result string, d time.Duration, uploaded, reused int64) {
+	if m == nil {
+		return
+	}
+	m.saves.WithLabelValues(result).Inc()
+	if result == "published" {
+		m.saveSecs.Observe(d.Seconds())
+		m.saveBytes.WithLabelValues("uploaded").Add(float64(uploaded))
+		m.saveBytes.WithLabelValues("reused").Add(float64(reused))
+	}
+}
+
+// Restore records a restore at mount.
+func (m *Metrics) Restore(ok bool, d time.Duration, bytes int64) {
+	if m == nil {
+		return
+	}
+	if !ok {
+		m.restores.WithLabelValues("failed").Inc()
+		return
+	}
+	m.restores.WithLabelValues("ok").Inc()
+	m.restSecs.Observe(d.Seconds())
+	m.restBytes.Add(float64(bytes))
+}
+
+// Gauge registers amlfs_NAME, read from fn at each scrape, with constant
+// labels (such as the live mount's prefix).
+func (m *Metrics) Gauge(name, help string, labels prometheus.Labels, fn func() float64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "amlfs_" + name, Help: help, ConstLabels: labels}, fn))
+}
+
+// Counter registers amlfs_NAME, a counter read from fn at each scrape.
+func (m *Metrics) Counter(name, help string, labels prometheus.Labels, fn func() float64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "amlfs_" + name, Help: help, ConstLabels: labels}, fn))
+}
+
+// Snapshot returns every amlfs_ series as name{labels} -> value, the same
+// figures /metrics serves: counters and gauges as their value, histograms
+// as NAME_count and NAME_sum.
+func (m *Metrics) Snapshot() map[string]float64 {
+	if m == nil {
+		return nil
+	}
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, "amlfs_") {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			key := name + labelString(mt.GetLabel())
+			switch {
+			case mt.Counter != nil:
+				out[key] = mt.Counter.GetValue()
+			case mt.Gauge != nil:
+				out[key] = mt.Gauge.GetValue()
+			case mt.Histogram != nil:
+				out[name+"_count"+labelString(mt.GetLabel())] = float64(mt.Histogram.GetSampleCount())
+				out[name+"_sum"+labelString(mt.GetLabel())] = mt.Histogram.GetSampleSum()
+			}
+		}
+	}
+	return out
+}
+
+func labelString(ls []*dto.LabelPair) string {
+	if len(ls) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(ls))
+	for _, l := range ls {
+		parts = append(parts, l.GetName()+"="+strconv.Quote(l.GetValue()))
+	}
+	sort.Strings(parts)
+	return "{" + strings.Join(parts, ",") + "}"
+}
