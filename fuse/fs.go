@@ -233,7 +233,7 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 				if err := syscall.Unmount(f.mountpoint, syscall.MNT_DETACH); err != nil {
 					return fmt.Errorf("lazy unmount: %w", err)
 				}
-				f.log.Warn("mount was busy; detached it lazily", "mountpoint", f.mountpoint)
+				f.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", f.mountpoint)
 				return nil
 			}
 			return err

@@ -426,6 +426,26 @@ func TestFaultsLiveS3(t *testing.T) {
 		t.Errorf("status says ok during an outage")
 	}
 	px.set()
+	// Every error logged names its provider, operation and path.
+	logs, _ := filepath.Glob(filepath.Join(l.runtime, "*.log"))
+	errLines := 0
+	for _, p := range logs {
+		data, _ := os.ReadFile(p)
+		for _, line := range strings.Split(string(data), "\n") {
+			if !strings.Contains(line, "level=ERROR") {
+				continue
+			}
+			errLines++
+			for _, key := range []string{" provider=", " op=", " path="} {
+				if !strings.Contains(line, key) {
+					t.Errorf("an error log line without%s: %s", key, line)
+				}
+			}
+		}
+	}
+	if errLines == 0 {
+		t.Errorf("the outage logged no errors (logs: %v)", logs)
+	}
 	// The outage is over: the mount recovers, with no remount.
 	waitFor(t, func() bool { return checkReads(t, mp, want) == 0 })
 	if h := l.health(mp, "/s"); h != "ok" {

@@ -231,7 +231,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
-		LazyRestore: cfg.Restore == "lazy", Progress: d.progress, Log: d.log})
+		LazyRestore: cfg.Restore == "lazy", Progress: d.progress, Log: d.log.With("provider", "workspace")})
 	if err != nil {
 		return err
 	}
@@ -259,7 +259,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Content: d.ws, Live: live, Ops: d.metrics,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log.With("provider", "workspace"), Content: d.ws, Live: live, Ops: d.metrics,
 	})
 	if err != nil {
 		return err
@@ -403,7 +403,7 @@ func (d *Daemon) cleanupFailedStart(ctx context.Context) {
 	}
 	if d.ws != nil {
 		if err := d.ws.Close(ctx); err != nil {
-			d.log.Error("release lock", "err", err)
+			d.log.Error("release lock", "provider", "workspace", "op", "release", "path", d.ws.Store().String(), "err", err)
 		}
 	}
 }
@@ -450,7 +450,7 @@ func (d *Daemon) loop(ctx context.Context) error {
 				go func() {
 					info, err := d.Commit(ctx, "")
 					if err != nil {
-						d.log.Error("checkpoint on SIGUSR1 failed", "err", err)
+						d.log.Error("checkpoint on SIGUSR1 failed", "provider", "workspace", "op", "commit", "path", d.cfg.Mountpoint, "err", err)
 						return
 					}
 					d.log.Info("checkpoint on SIGUSR1", "revision", info.Revision, "skipped", info.Skipped)
@@ -493,7 +493,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	var res StopResult
 	if unmount {
 		if err := d.fs.Unmount(3*time.Second, true); err != nil {
-			d.log.Error("unmount", "err", err)
+			d.log.Error("unmount", "provider", "daemon", "op", "unmount", "path", d.cfg.Mountpoint, "err", err)
 		}
 	}
 	if d.ws == nil {
@@ -514,7 +514,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		info, err := d.save(ctx, req.revision)
 		thaw()
 		if err != nil {
-			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "err", err, "workDir", d.workDir)
+			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "provider", "workspace", "op", "save", "path", d.workDir, "err", err)
 			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitStatus(err)
 			if res.Code == "" {
 				res.Code, res.ExitCode = amlerr.SaveFailed, amlerr.ExitSave
@@ -528,7 +528,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		c()
 	}
 	if err := d.ws.Close(context.WithoutCancel(ctx)); err != nil {
-		d.log.Error("release lock", "err", err)
+		d.log.Error("release lock", "provider", "workspace", "op", "release", "path", d.ws.Store().String(), "err", err)
 		if res.Error == "" {
 			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitOther
 		}
@@ -649,7 +649,7 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.lastSave = &info
 	d.mu.Unlock()
 	if err := d.writeState(); err != nil {
-		d.log.Warn("write state", "err", err)
+		d.log.Warn("write state", "provider", "workspace", "op", "write-state", "path", d.state, "err", err)
 	}
 	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes,
 		"uploaded", res.Uploaded, "uploadedBytes", res.UploadedBytes, "reused", res.Reused, "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
@@ -736,7 +736,7 @@ func (d *Daemon) openLive(ctx context.Context) ([]fuse.Live, error) {
 	var client *s3.Client
 	var dataCache *cache.Cache
 	for i, m := range d.cfg.Live {
-		log := d.log.With("mount", m.Prefix)
+		log := d.log.With("provider", m.Kind, "mount", m.Prefix)
 		tag := uint16(i + 1)
 		switch m.Kind {
 		case "file":
@@ -773,7 +773,7 @@ func (d *Daemon) openLive(ctx context.Context) ([]fuse.Live, error) {
 			p := s3p.NewLive(s3p.LiveOptions{Client: client, Bucket: m.Bucket, Prefix: m.Key, RO: m.RO, TTL: d.cfg.MetadataTTL,
 				Cache: dataCache, Log: log, Tag: tag, UID: uint32(os.Getuid()), GID: uint32(os.Getgid())})
 			if err := p.Check(ctx); err != nil {
-				log.Error("S3 live mount does not answer; its paths give EIO until it does", "url", m.URL, "err", err)
+				log.Error("S3 live mount does not answer; its paths give EIO until it does", "op", "check", "path", m.URL, "err", err)
 			}
 			// Uploads still waiting at unmount get this long.
 			d.closers = append([]func() error{func() error { return p.Close(5 * time.Minute) }}, d.closers...)

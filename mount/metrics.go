@@ -29,7 +29,7 @@ func (d *Daemon) serveMetrics() (stop func(), err error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("metrics server", "addr", d.cfg.MetricsAddr, "err", err)
+			d.log.Error("metrics server", "provider", "daemon", "op", "serve-metrics", "path", d.cfg.MetricsAddr, "err", err)
 		}
 	}()
 	d.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")

@@ -245,7 +245,7 @@ func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path st
 		func(ctx context.Context) error {
 			err := w.fill(ctx, pf, ino, path)
 			if err != nil {
-				w.log.Error("fetch file bytes", "path", path, "key", pf.key, "err", err)
+				w.log.Error("fetch file bytes", "op", "fetch", "path", path, "key", pf.key, "err", err)
 			}
 			return err
 		},

@@ -158,7 +158,7 @@ func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir 
 		func(ctx context.Context) error {
 			err := w.fillDir(ctx, l, pd, dir)
 			if err != nil {
-				w.log.Error("make placeholders", "dir", dir, "revision", pd.rev, "err", err)
+				w.log.Error("make placeholders", "op", "populate", "path", dir, "revision", pd.rev, "err", err)
 			}
 			return err
 		},

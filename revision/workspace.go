@@ -85,7 +85,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 	w := &Workspace{store: store, opts: opts, log: opts.Log}
 	if !opts.NoLock {
 		lease, err := store.Lock(ctx, func(err error) {
-			opts.Log.Error("workspace lease lost; the next save or release will fail", "id", opts.ID, "err", err)
+			opts.Log.Error("workspace lease lost; the next save or release will fail", "op", "heartbeat", "path", store.String(), "id", opts.ID, "err", err)
 		}, opts.DeadHolder)
 		if err != nil {
 			return nil, err
@@ -404,7 +404,7 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	if err != nil {
 		// 6. Remove the orphan upload; the previous revision stays current.
 		if rerr := w.store.Remove(context.WithoutCancel(ctx), entry.Path); rerr != nil {
-			w.log.Error("remove unpublished artifact", "path", entry.Path, "err", rerr)
+			w.log.Error("remove unpublished artifact", "op", "remove", "path", entry.Path, "err", rerr)
 		}
 		if errors.Is(err, ErrPrecondition) {
 			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten", err)))
@@ -426,11 +426,11 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused}
 	for _, p := range pruned {
 		if !w.fetchFrom(ctx, p.Path) {
-			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "revision", p.ID)
+			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
 			continue
 		}
 		if err := w.store.Remove(ctx, p.Path); err != nil {
-			w.log.Warn("prune revision", "revision", p.ID, "path", p.Path, "err", err)
+			w.log.Warn("prune revision", "op", "prune", "path", p.Path, "revision", p.ID, "err", err)
 			continue
 		}
 		res.Pruned = append(res.Pruned, p.ID)
@@ -562,7 +562,7 @@ func (w *Workspace) cleanOrphans(ctx context.Context) {
 	}
 	keys, err := w.store.Artifacts(ctx)
 	if err != nil {
-		w.log.Warn("list artifacts", "err", err)
+		w.log.Warn("list artifacts", "op", "list", "path", w.store.String(), "err", err)
 		return
 	}
 	known := map[string]bool{}
@@ -575,7 +575,7 @@ func (w *Workspace) cleanOrphans(ctx context.Context) {
 		}
 		w.log.Info("remove orphan artifact", "path", k)
 		if err := w.store.Remove(ctx, k); err != nil {
-			w.log.Warn("remove orphan artifact", "path", k, "err", err)
+			w.log.Warn("remove orphan artifact", "op", "remove-orphan", "path", k, "err", err)
 		}
 	}
 }

@@ -137,12 +137,12 @@ func (p *Provider) watchDir(abs string) {
 	if len(p.watched) >= p.opts.MaxWatches {
 		if !p.full {
 			p.full = true
-			p.opts.Log.Warn("local mount: watch limit reached; further directories rely on the cache timeout", "dir", p.opts.Dir, "maxWatches", p.opts.MaxWatches, "timeout", p.opts.Timeout)
+			p.opts.Log.Warn("local mount: watch limit reached; further directories rely on the cache timeout", "op", "watch", "path", p.opts.Dir, "maxWatches", p.opts.MaxWatches, "timeout", p.opts.Timeout)
 		}
 		return
 	}
 	if err := p.watcher.Add(abs); err != nil {
-		p.opts.Log.Warn("local mount: watch", "dir", abs, "err", err)
+		p.opts.Log.Warn("local mount: watch", "op", "watch", "path", abs, "err", err)
 		return
 	}
 	p.watched[abs] = true
@@ -163,7 +163,7 @@ func (p *Provider) watch() {
 			}
 			// An overflow loses events; the cache timeout still
 			// bounds how long an entry can stay stale.
-			p.opts.Log.Warn("local mount: watch error", "dir", p.opts.Dir, "err", err)
+			p.opts.Log.Warn("local mount: watch error", "op", "watch", "path", p.opts.Dir, "err", err)
 		}
 	}
 }

@@ -271,7 +271,7 @@ func (l *Live) Close(timeout time.Duration) error {
 	defer cancel()
 	err := l.Sync(ctx)
 	if err != nil {
-		l.o.Log.Error("s3 live mount: changes not uploaded at unmount are lost", "bucket", l.o.Bucket, "prefix", l.o.Prefix, "pending", l.q.Len(), "err", err)
+		l.o.Log.Error("s3 live mount: changes not uploaded at unmount are lost", "op", "unmount", "path", "s3://"+l.o.Bucket+"/"+l.o.Prefix, "pending", l.q.Len(), "err", err)
 	}
 	l.q.close()
 	return err
