@@ -339,3 +339,14 @@ func ReadAllLimited(r io.Reader, limit int64, what string) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// SameObject reports whether keys a and b are one file (a revision reuses
+// an unchanged file of the previous one as a hard link).
+func (s *FSStore) SameObject(ctx context.Context, a, b string) bool {
+	fa, err := os.Stat(s.path(a))
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(s.path(b))
+	return err == nil && os.SameFile(fa, fb)
+}

@@ -391,3 +391,15 @@ func (st *s3Stager) Abort(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// SameObject reports whether keys a and b have the same ETag: a revision
+// reuses an unchanged file of the previous one with a server-side copy,
+// which keeps it.
+func (s *S3Store) SameObject(ctx context.Context, a, b string) bool {
+	ha, err := s.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(a))})
+	if err != nil || ha.ETag == nil {
+		return false
+	}
+	hb, err := s.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(b))})
+	return err == nil && aws.ToString(hb.ETag) == *ha.ETag
+}

@@ -164,6 +164,44 @@ func revisionsCommand() *cli.Command {
 				},
 			},
 			{
+				Name:      "diff",
+				Usage:     "the paths added, removed and changed from revision A to revision B, with sizes (A or B may be \"current\")",
+				ArgsUsage: "A B",
+				Flags:     storeFlags(),
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 2 {
+						return amlerr.New(amlerr.InvalidConfig, "", "diff takes two revisions, A and B")
+					}
+					ws, err := openWorkspace(c, false, revision.Options{})
+					if err != nil {
+						return err
+					}
+					defer ws.Close(c.Context)
+					a, err := ws.Resolve(c.Args().Get(0))
+					if err != nil {
+						return err
+					}
+					b, err := ws.Resolve(c.Args().Get(1))
+					if err != nil {
+						return err
+					}
+					changes, err := ws.Diff(c.Context, a, b)
+					if err != nil {
+						return err
+					}
+					if c.Bool("json") {
+						if changes == nil {
+							changes = []revision.Change{}
+						}
+						return printJSON(c.App.Writer, changes)
+					}
+					for _, ch := range changes {
+						fmt.Fprintln(c.App.Writer, describeChange(ch))
+					}
+					return nil
+				},
+			},
+			{
 				Name:      "restore",
 				Usage:     "publish an older revision's content as a new current revision; prints its id",
 				ArgsUsage: "REVISION",
@@ -221,4 +259,30 @@ func revisionsCommand() *cli.Command {
 			},
 		},
 	}
+}
+
+// describeChange is one line of `revisions diff`: A (added), D (removed)
+// or M (changed), the path, and its sizes, modes or types.
+func describeChange(ch revision.Change) string {
+	switch ch.Kind {
+	case "added":
+		return fmt.Sprintf("A  %s  %s", ch.Path, sizeOf(ch.NewType, ch.NewSize))
+	case "removed":
+		return fmt.Sprintf("D  %s  %s", ch.Path, sizeOf(ch.OldType, ch.OldSize))
+	}
+	line := fmt.Sprintf("M  %s  %s -> %s", ch.Path, sizeOf(ch.OldType, ch.OldSize), sizeOf(ch.NewType, ch.NewSize))
+	if ch.OldMode != ch.NewMode {
+		line += fmt.Sprintf("  mode %04o -> %04o", ch.OldMode, ch.NewMode)
+	}
+	if ch.OldSize == ch.NewSize && ch.OldMode == ch.NewMode && ch.OldType == ch.NewType {
+		line += "  (content)"
+	}
+	return line
+}
+
+func sizeOf(typ string, size int64) string {
+	if typ == revision.TypeDir {
+		return "directory"
+	}
+	return fmt.Sprintf("%d bytes", size)
 }

@@ -1,0 +1,190 @@
+package revision
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+)
+
+// Change is one path that differs between two revisions.
+type Change struct {
+	Path string `json:"path"`
+	// Kind is "added", "removed" or "changed" (content, mode or type).
+	Kind    string `json:"kind"`
+	OldType string `json:"oldType,omitempty"`
+	NewType string `json:"newType,omitempty"`
+	OldSize int64  `json:"oldSize"`
+	NewSize int64  `json:"newSize"`
+	OldMode uint32 `json:"oldMode,omitempty"`
+	NewMode uint32 `json:"newMode,omitempty"`
+}
+
+// sameObjecter is a store that can tell, without reading them, that two
+// objects hold the same bytes (one inode on a file store, one ETag on S3).
+// A false answer means only "not known to be the same".
+type sameObjecter interface {
+	SameObject(ctx context.Context, a, b string) bool
+}
+
+// Diff compares revisions a and b: the paths only b has (added), only a
+// has (removed), and those whose type, mode or content differ (changed).
+// AML's manifests hold no content hash, so files of equal size are
+// compared by content: objects a store knows to be the same are not read,
+// and the rest are hashed.
+func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
+	ta, err := w.Tree(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	tb, err := w.Tree(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	old := make(map[string]TreeEntry, len(ta))
+	for _, e := range ta {
+		old[e.Path] = e
+	}
+	newer := make(map[string]TreeEntry, len(tb))
+	for _, e := range tb {
+		newer[e.Path] = e
+	}
+	var out []Change
+	var same []string // files of equal size and mode, to compare by content
+	for _, nb := range tb {
+		na, ok := old[nb.Path]
+		delete(old, nb.Path)
+		c := Change{Path: nb.Path, NewType: nb.Type, NewSize: nb.Size, NewMode: nb.Mode}
+		switch {
+		case !ok:
+			c.Kind = "added"
+		case na.Type != nb.Type || na.Mode != nb.Mode || na.Size != nb.Size:
+			c.Kind = "changed"
+		case nb.Type == TypeFile:
+			same = append(same, nb.Path)
+			continue
+		default:
+			continue
+		}
+		if ok {
+			c.OldType, c.OldSize, c.OldMode = na.Type, na.Size, na.Mode
+		}
+		out = append(out, c)
+	}
+	for _, na := range old {
+		out = append(out, Change{Path: na.Path, Kind: "removed", OldType: na.Type, OldSize: na.Size, OldMode: na.Mode})
+	}
+	if len(same) > 0 {
+		differ, err := w.differing(ctx, a, b, same)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range differ {
+			e := newer[p]
+			out = append(out, Change{Path: p, Kind: "changed", OldType: e.Type, NewType: e.Type, OldSize: e.Size, NewSize: e.Size, OldMode: e.Mode, NewMode: e.Mode})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+// differing returns the paths, among files present in both revisions with
+// equal sizes, whose bytes differ.
+func (w *Workspace) differing(ctx context.Context, a, b Entry, paths []string) ([]string, error) {
+	var ha, hb map[string]string
+	var err error
+	if a.Format == FormatArchive {
+		if ha, err = w.archiveDigests(ctx, a); err != nil {
+			return nil, err
+		}
+	}
+	if b.Format == FormatArchive {
+		if hb, err = w.archiveDigests(ctx, b); err != nil {
+			return nil, err
+		}
+	}
+	so, _ := w.store.(sameObjecter)
+	var out []string
+	for _, p := range paths {
+		ka, kb := a.Path+"files/"+p, b.Path+"files/"+p
+		if ha == nil && hb == nil && so != nil && so.SameObject(ctx, ka, kb) {
+			continue
+		}
+		da, ok := ha[p]
+		if ha == nil {
+			if da, err = w.objectDigest(ctx, ka); err != nil {
+				return nil, err
+			}
+		} else if !ok {
+			return nil, fmt.Errorf("%s: %s is missing from the archive", a.Path, p)
+		}
+		db, ok := hb[p]
+		if hb == nil {
+			if db, err = w.objectDigest(ctx, kb); err != nil {
+				return nil, err
+			}
+		} else if !ok {
+			return nil, fmt.Errorf("%s: %s is missing from the archive", b.Path, p)
+		}
+		if da != db {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func (w *Workspace) objectDigest(ctx context.Context, key string) (string, error) {
+	r, err := w.openArtifact(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return "", fmt.Errorf("read %s: %w", key, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// archiveDigests hashes every regular file of an archive revision, which
+// Tree has validated.
+func (w *Workspace) archiveDigests(ctx context.Context, e Entry) (map[string]string, error) {
+	r, err := w.openArtifact(ctx, e.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	gz, err := gzip.NewReader(r)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", e.Path, err)
+	}
+	defer gz.Close()
+	tr := tar.NewReader(gz)
+	out := map[string]string{}
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Path, err)
+		}
+		if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
+			continue
+		}
+		p, err := archiveName(hdr.Name)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Path, err)
+		}
+		h := sha256.New()
+		if _, err := io.Copy(h, tr); err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Path, err)
+		}
+		out[p] = hex.EncodeToString(h.Sum(nil))
+	}
+}
