@@ -147,7 +147,14 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		ExtraCapabilities:    fuse.CAP_HANDLE_KILLPRIV_V2,
 		EnableSymlinkCaching: true,
 	}
+	var owner ownerOptions
 	for _, o := range opts.MountOptions {
+		if ok, err := owner.parse(o); ok {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
 		switch o {
 		case "allow_other":
 			mo.AllowOther = true
@@ -155,6 +162,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		default:
 			mo.Options = append(mo.Options, o)
 		}
+	}
+	if owner.set() {
+		mo.DisableReadDirPlus = true
 	}
 	gopts := &gofs.Options{
 		MountOptions:    mo,
@@ -165,6 +175,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	// gofs.Mount, with the request timing wrapped around the node layer.
 	raw := gofs.NewNodeFS(f.root, gopts)
+	if owner.set() {
+		raw = &owned{RawFileSystem: raw, o: owner}
+	}
 	if opts.Ops != nil {
 		raw = &metered{RawFileSystem: raw, obs: opts.Ops}
 	}

@@ -1,7 +1,12 @@
 package integration
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -45,4 +50,82 @@ func testRevisionsDiff(t *testing.T, newEnv func(*testing.T) *env) {
 		t.Fatalf("diff with one revision: %s", r)
 	}
 	e.unmount(mp)
+}
+
+// TestFstab mounts through mount(8): `mount -t fuse.amlfs` with the options
+// mount and systemd inject, and an fstab line with `mount -T FSTAB`. The
+// helper is /sbin/mount.fuse.amlfs, a link to amlfs. uid=, gid= and umask=
+// change what every file shows; `umount` saves, as an external unmount.
+func TestFstab(t *testing.T) {
+	helper := "/sbin/mount.fuse.amlfs"
+	if _, err := os.Lstat(helper); err == nil {
+		t.Skipf("%s exists already; not replacing it", helper)
+	}
+	if err := os.Symlink(amlfsBin, helper); err != nil {
+		t.Skipf("cannot install the helper: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(helper) })
+	e := newEnv(t)
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+
+	mp := filepath.Join(e.root, "mnt")
+	os.Mkdir(mp, 0o755)
+	run("mount", "-t", "fuse.amlfs", e.store, mp, "-o",
+		"rw,nosuid,nodev,_netdev,nofail,x-systemd.automount,id=fst,cache-dir="+e.cache+",allow_other,default_permissions,uid=1234,gid=2345,umask=027")
+	t.Cleanup(func() { e.forceUnmount(mp) })
+	if !isMounted(mp) {
+		t.Fatal("mount -t fuse.amlfs did not mount")
+	}
+	sh(t, mp, "echo hello > a.txt && chmod 666 a.txt && mkdir d")
+	for name, mode := range map[string]os.FileMode{"a.txt": 0o640, "d": 0o750 | os.ModeDir} {
+		fi, err := os.Stat(filepath.Join(mp, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 1234 || st.Gid != 2345 || fi.Mode() != mode {
+			t.Errorf("%s: uid %d gid %d mode %v; want 1234 2345 %v", name, st.Uid, st.Gid, fi.Mode(), mode)
+		}
+	}
+	if out := run("findmnt", "-n", "-o", "FSTYPE,OPTIONS", mp); !strings.Contains(out, "fuse.amlfs") || !strings.Contains(out, "allow_other") {
+		t.Errorf("findmnt: %s", out)
+	}
+	run("umount", mp)
+	waitFor(t, func() bool { return !isMounted(mp) && e.lockExists("fst") == false })
+	if got := e.revisionFile(t, "fst", "a.txt"); got != "hello\n" {
+		t.Fatalf("after umount the revision holds a.txt = %q", got)
+	}
+
+	// The same from an fstab line.
+	fstab := filepath.Join(e.root, "fstab")
+	line := fmt.Sprintf("%s %s fuse.amlfs id=fst,cache-dir=%s,retention=2,noauto,x-systemd.requires=network-online.target 0 0\n", e.store, mp, e.cache)
+	os.WriteFile(fstab, []byte("# amlfs\n"+line), 0o644)
+	run("mount", "-T", fstab, mp)
+	if got, _ := os.ReadFile(filepath.Join(mp, "a.txt")); string(got) != "hello\n" {
+		t.Fatalf("fstab mount: a.txt = %q", got)
+	}
+	run("umount", mp)
+	waitFor(t, func() bool { return !isMounted(mp) })
+}
+
+// revisionFile reads rel from workspace id's current revision, straight
+// from a file store.
+func (e *env) revisionFile(t *testing.T, id, rel string) string {
+	t.Helper()
+	idx := readIndex(t, e, id)
+	cur, _ := idx.Find(idx.Current)
+	data, err := os.ReadFile(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path), "files", filepath.FromSlash(rel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }

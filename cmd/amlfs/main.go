@@ -20,6 +20,14 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && isMountHelper(args[0]) {
+		a, err := helperArgs(args[1:], mountCommand().Flags)
+		if err != nil {
+			fmt.Fprintf(stderr, "amlfs: %v\n", err)
+			return amlerr.ExitStatus(err)
+		}
+		args = a
+	}
 	app := newApp(stdout, stderr)
 	err := app.RunContext(context.Background(), interspersed(app, args))
 	if err == nil {
