@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestRevisionsDiff checks `amlfs revisions diff` on a known pair of
@@ -128,4 +129,39 @@ func (e *env) revisionFile(t *testing.T, id, rel string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// TestSIGTERMGrace stops a foreground mount of a typical workspace with
+// SIGTERM, as a container runtime or systemd does, and requires the save
+// to be published and the process gone well inside a 30 s grace period.
+// The log says what the save had to do.
+func TestSIGTERMGrace(t *testing.T) {
+	srv := startS3(t, false)
+	e := newS3Env(t, srv)
+	mp := filepath.Join(e.root, "mnt")
+	cmd, stderr := e.foreground(mp, "term")
+	sh(t, mp, `git init -q repo && cd repo && for i in $(seq 1 400); do head -c 65536 /dev/urandom > f$i; done && git add -A && git commit -qm all && head -c 50000000 /dev/urandom > ../big.bin`)
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	took := time.Since(start)
+	t.Logf("SIGTERM to exit, saving %s: %s", "about 80 MB in 900 files", took.Round(time.Millisecond))
+	if took > 20*time.Second {
+		t.Errorf("stopping took %s; a 30 s grace period needs it well inside", took)
+	}
+	if !strings.Contains(stderr.String(), "msg=saving") || !strings.Contains(stderr.String(), "saved revision") {
+		t.Errorf("the log does not report the save:\n%s", stderr.String())
+	}
+	if e.lockExists("term") {
+		t.Error("lock not released")
+	}
+	v := e.host(t)
+	mp2 := filepath.Join(v.root, "verify")
+	if r := v.mountAt(mp2, "term"); r.code != 0 {
+		t.Fatalf("verify mount: %s", r)
+	}
+	sh(t, mp2, `cd repo && git fsck --no-progress && test $(git ls-files | wc -l) = 400 && test $(stat -c %s ../big.bin) = 50000000`)
+	v.unmount(mp2)
 }

@@ -48,7 +48,8 @@ type Daemon struct {
 	stopReqs  chan stopRequest
 	startedAt time.Time
 
-	restoredBytes atomic.Int64 // the bytes of the last restore, from its progress
+	restoredBytes  atomic.Int64   // the bytes of the last restore, from its progress
+	nextSaveReport atomicDuration // when a running save next logs its progress
 
 	metrics      *metrics.Metrics
 	stopPrefetch func()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,10 +47,23 @@ func (d *Daemon) progress(p revision.Progress) {
 	if p.Phase == "restore" {
 		d.restoredBytes.Store(p.TotalBytes)
 	}
+	// A save that runs long says what is left, every 5 s, so that a stop
+	// that outlasts its grace period leaves a record of what was pending.
+	if p.Phase == "save" && !p.Done && p.Elapsed >= d.nextSaveReport.Load() {
+		d.nextSaveReport.Store(p.Elapsed + saveReportEvery)
+		d.log.Info("saving", "files", p.Files, "totalFiles", p.TotalFiles, "bytes", p.Bytes, "totalBytes", p.TotalBytes,
+			"pendingBytes", p.TotalBytes-p.Bytes, "seconds", p.Elapsed.Seconds())
+	}
+	if p.Phase == "save" && p.Done {
+		d.nextSaveReport.Store(saveReportEvery)
+	}
 	if d.hooks.Progress != nil {
 		d.hooks.Progress(p)
 	}
 }
+
+// saveReportEvery is how often a running save logs its progress.
+const saveReportEvery = 5 * time.Second
 
 func boolGauge(b bool) float64 {
 	if b {
@@ -111,3 +125,9 @@ func (d *Daemon) registerGauges() {
 		}
 	}
 }
+
+// atomicDuration is a time.Duration safe for concurrent use.
+type atomicDuration struct{ v atomic.Int64 }
+
+func (a *atomicDuration) Load() time.Duration   { return time.Duration(a.v.Load()) }
+func (a *atomicDuration) Store(d time.Duration) { a.v.Store(int64(d)) }
