@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
@@ -15,13 +16,20 @@ import (
 //	store: s3://bucket/prefix
 //	mount: ["/data=file:///srv/data,ro"]
 //
-// A flag on the command line wins over the file.
+// Every flag may also come from the environment, as AMLFS_ and its name in
+// capitals with underscores (AMLFS_STORE, AMLFS_CACHE_SIZE), which is how
+// containers are configured. The command line wins, then the environment,
+// then the file.
 func withConfigFile(cmd *cli.Command) *cli.Command {
 	flags := make([]cli.Flag, 0, len(cmd.Flags)+1)
-	for _, f := range cmd.Flags {
+	for _, f := range append(cmd.Flags, &cli.StringFlag{Name: "config", Usage: "YAML file of flag values, keyed by flag name (the command line and AMLFS_* variables win)"}) {
+		fromEnv(f)
+		if f.Names()[0] == "config" {
+			flags = append(flags, f)
+			continue
+		}
 		flags = append(flags, fromFile(f))
 	}
-	flags = append(flags, &cli.StringFlag{Name: "config", Usage: "YAML file of flag values, keyed by flag name (the command line wins)"})
 	cmd.Flags = flags
 	load := altsrc.InitInputSourceWithContext(flags, altsrc.NewYamlSourceFromFlagFunc("config"))
 	cmd.Before = func(c *cli.Context) error {
@@ -47,4 +55,25 @@ func fromFile(f cli.Flag) cli.Flag {
 		return altsrc.NewDurationFlag(f)
 	}
 	panic(fmt.Sprintf("flag %T cannot come from a config file", f))
+}
+
+// envName is the environment variable a flag may come from.
+func envName(flag string) string {
+	return "AMLFS_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+func fromEnv(f cli.Flag) {
+	env := []string{envName(f.Names()[0])}
+	switch f := f.(type) {
+	case *cli.StringFlag:
+		f.EnvVars = env
+	case *cli.StringSliceFlag:
+		f.EnvVars = env
+	case *cli.BoolFlag:
+		f.EnvVars = env
+	case *cli.IntFlag:
+		f.EnvVars = env
+	case *cli.DurationFlag:
+		f.EnvVars = env
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -47,4 +48,27 @@ func FuzzConfigFile(f *testing.F) {
 			t.Fatalf("rejected without INVALID_CONFIG and exit status 2: %v", err)
 		}
 	})
+}
+
+// The command line wins over AMLFS_* variables, which win over --config.
+func TestFlagSources(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(file, []byte("store: file:///from/file\nid: file-id\nretention: 7\n"), 0o600)
+	t.Setenv("AMLFS_STORE", "file:///from/env")
+	t.Setenv("AMLFS_ID", "env-id")
+	t.Setenv("AMLFS_CONFIG", file)
+	cmd := mountCommand()
+	var got [3]string
+	cmd.Action = func(c *cli.Context) error {
+		cfg := configFrom(c, "/mnt/x")
+		got = [3]string{cfg.Store, cfg.ID, fmt.Sprint(cfg.Retention)}
+		return nil
+	}
+	app := &cli.App{Name: "amlfs", Commands: []*cli.Command{cmd}, Writer: io.Discard, ErrWriter: io.Discard}
+	if err := app.Run([]string{"amlfs", "mount", "--id", "cli-id", "/mnt/x"}); err != nil {
+		t.Fatal(err)
+	}
+	if got != [3]string{"file:///from/env", "cli-id", "7"} {
+		t.Errorf("store, id, retention = %q", got)
+	}
 }
