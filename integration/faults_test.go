@@ -76,6 +76,26 @@ func fileSet(t *testing.T, mp, dir string) map[string][]byte {
 	return out
 }
 
+// namedFault is one case of the fault tests.
+type namedFault struct {
+	name string
+	f    *fault
+}
+
+// transientFaults are the faults a client must ride out: latency, and one
+// request in two failing with 500, 503, SlowDown (at most 8 of those: the
+// SDK backs off long on throttling), a reset, or a body cut off half-way.
+func transientFaults(latency time.Duration) []namedFault {
+	return []namedFault{
+		{"latency", &fault{kind: faultLatency, delay: latency}},
+		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
+		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
+		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2, limit: 8}},
+		{"reset", &fault{kind: faultReset, every: 2}},
+		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
+	}
+}
+
 // currentRevision reads workspace id's current revision from the store.
 func (e *env) currentRevision(id string) string {
 	e.t.Helper()
@@ -99,17 +119,7 @@ func TestFaultsWorkspaceS3(t *testing.T) {
 	if r := e.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
-	for _, tc := range []struct {
-		name string
-		f    *fault
-	}{
-		{"latency", &fault{kind: faultLatency, delay: 150 * time.Millisecond}},
-		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
-		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
-		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2, limit: 8}},
-		{"reset", &fault{kind: faultReset, every: 2}},
-		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
-	} {
+	for _, tc := range transientFaults(150 * time.Millisecond) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := e.host(t)
 			before := e.currentRevision("faulty")
@@ -153,15 +163,7 @@ func TestFaultsWorkspaceS3(t *testing.T) {
 				t.Fatalf("unmount after the faults: %s", r)
 			}
 			// What is current is whole.
-			v := e.host(t)
-			mp2 := filepath.Join(v.root, "verify")
-			if r := v.mountAt(mp2, "faulty"); r.code != 0 {
-				t.Fatalf("verify mount: %s", r)
-			}
-			if n := checkReads(t, mp2, want); n > 0 {
-				t.Fatalf("%d reads of the saved revision failed", n)
-			}
-			v.unmount(mp2)
+			e.verifyCurrent(t, "faulty", want)
 		})
 	}
 }
@@ -186,15 +188,24 @@ func TestFaultsStalledUpload(t *testing.T) {
 	t.Logf("commit with one stalled upload took %s", time.Since(start).Round(time.Millisecond))
 	px.set()
 	e.unmount(mp)
+	e.verifyCurrent(t, "stall", want)
+}
+
+// verifyCurrent mounts workspace id's current revision on another host,
+// without taking the lease or saving, and checks every file in want.
+func (e *env) verifyCurrent(t *testing.T, id string, want ...map[string][]byte) {
+	t.Helper()
 	v := e.host(t)
-	mp2 := filepath.Join(v.root, "verify")
-	if r := v.mountAt(mp2, "stall"); r.code != 0 {
-		t.Fatalf("verify mount: %s", r)
+	mp := filepath.Join(v.root, "verify")
+	if r := v.mountAt(mp, id, "--no-lock", "--save", "never"); r.code != 0 {
+		t.Fatalf("load the current revision: %s", r)
 	}
-	if n := checkReads(t, mp2, want); n > 0 {
-		t.Fatalf("%d reads failed", n)
+	for _, w := range want {
+		if n := checkReads(t, mp, w); n > 0 {
+			t.Fatalf("%d reads of the current revision failed", n)
+		}
 	}
-	v.unmount(mp2)
+	v.unmount(mp)
 }
 
 // TestKillDuringSave kills the daemon with SIGKILL at each step of a save
@@ -277,16 +288,11 @@ func testKillDuringSave(t *testing.T, e0 *env, step string, hold, held, release 
 		t.Fatalf("killed during the prune, yet current is still %s", prev)
 	}
 	// Whatever is current loads, whole.
-	v := e.host(t)
-	mp2 := filepath.Join(v.root, "verify")
-	if r := v.mountAt(mp2, id, "--no-lock", "--save", "never"); r.code != 0 {
-		t.Fatalf("load the current revision: %s", r)
-	}
-	checkReads(t, mp2, first)
 	if published {
-		checkReads(t, mp2, second)
+		e.verifyCurrent(t, id, first, second)
+	} else {
+		e.verifyCurrent(t, id, first)
 	}
-	v.unmount(mp2)
 	if orphans := e.orphans(id); len(orphans) == 0 {
 		t.Fatalf("the kill left no orphan artifacts; it did not stop the save at the %s step", step)
 	}
@@ -373,25 +379,10 @@ func TestFaultsLiveS3(t *testing.T) {
 	mp := l.mountNone("flt", "--s3-timeout", "3s", "--metadata-ttl", "1s")
 	refresh := func() {
 		if r := l.amlfs("refresh", mp); r.code != 0 {
-			logs, _ := filepath.Glob(filepath.Join(l.runtime, "*.log"))
-			for _, p := range logs {
-				b, _ := os.ReadFile(p)
-				t.Logf("%s:\n%s", p, b)
-			}
 			t.Fatalf("refresh: %s", r)
 		}
 	}
-	for _, tc := range []struct {
-		name string
-		f    *fault
-	}{
-		{"latency", &fault{kind: faultLatency, delay: 100 * time.Millisecond}},
-		{"500", &fault{kind: faultStatus, status: 500, code: "InternalError", every: 2}},
-		{"503", &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", every: 2}},
-		{"SlowDown", &fault{kind: faultStatus, status: 503, code: "SlowDown", every: 2, limit: 8}},
-		{"reset", &fault{kind: faultReset, every: 2}},
-		{"truncated body", &fault{kind: faultTruncate, match: isGet, every: 2}},
-	} {
+	for _, tc := range transientFaults(100 * time.Millisecond) {
 		t.Run(tc.name, func(t *testing.T) {
 			refresh()
 			px.set(tc.f)
