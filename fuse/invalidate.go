@@ -12,8 +12,8 @@ import (
 // and entries of everything beneath it that the kernel knows. Providers
 // call it when their own caches of rel are dropped.
 func Invalidate(root *gofs.Inode, rel string) {
-	if root.StableAttr().Ino == 0 {
-		return // not looked up yet: the kernel has nothing of it
+	if root.Operations() == nil {
+		return // not in the tree yet (never looked up): the kernel has nothing of it
 	}
 	in := root
 	rel = strings.Trim(filepath.ToSlash(filepath.Clean("/"+rel)), "/")
