@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	fuseOps    *prometheus.HistogramVec
+	fuseByOp   sync.Map // op -> prometheus.Observer: the label lookup, once per op
 	fuseErrors *prometheus.CounterVec
 	s3Reqs     *prometheus.CounterVec
 	s3Seconds  *prometheus.HistogramVec
@@ -87,7 +89,11 @@ func (m *Metrics) Observe(op string, start time.Time, st gofuse.Status) {
 	if m == nil {
 		return
 	}
-	m.fuseOps.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	o, ok := m.fuseByOp.Load(op)
+	if !ok {
+		o, _ = m.fuseByOp.LoadOrStore(op, m.fuseOps.WithLabelValues(op))
+	}
+	o.(prometheus.Observer).Observe(time.Since(start).Seconds())
 	if st != gofuse.OK {
 		m.fuseErrors.WithLabelValues(op, strconv.Itoa(int(st))).Inc()
 	}
