@@ -74,9 +74,21 @@ func testNoLockStaleWriterFails(t *testing.T, newEnv func(*testing.T) *env) {
 	if len(ents) != 1 {
 		t.Errorf("the stale writer left %d artifacts", len(ents))
 	}
-	m := e.mount("nl")
+	// The current revision holds A's work (seen from another host)...
+	h := e.host(t)
+	m := h.mount("nl")
 	if got, _ := os.ReadFile(filepath.Join(m, "who")); string(got) != "from-a\n" {
 		t.Errorf("who = %q", got)
+	}
+	h.unmount(m)
+	// ...and B's unsaved tree is kept: the next mount on B's cache dir
+	// resumes it, and says so.
+	r := e.mountAt(filepath.Join(e.root, "again"), "nl")
+	if r.code != 0 || !strings.Contains(r.stderr, "resuming unsaved work") {
+		t.Fatalf("remount: %s", r)
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.root, "again", "who")); string(got) != "from-b\n" {
+		t.Errorf("resumed who = %q", got)
 	}
 }
 
