@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/atomicfile"
 	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/metrics"
@@ -366,7 +367,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 // removed once the tree is saved and dropped at a clean stop.
 func (d *Daemon) writeState() error {
 	data, _ := json.Marshal(workState{ID: d.cfg.ID, Store: d.ws.Store().String(), BaseRev: d.baseRev, PID: os.Getpid()})
-	return writeFileSync(d.state, data)
+	return atomicfile.Write(d.state, "", data, 0o600)
 }
 
 // CheckConditionalWrites refuses a store that ignores If-None-Match or
@@ -566,10 +567,7 @@ func lastStopPath(mountpoint string) string {
 
 func writeLastStop(cfg Config, res StopResult) {
 	data, _ := json.Marshal(LastStop{StopResult: res, ID: cfg.ID, StoppedAt: time.Now().UTC()})
-	p := lastStopPath(cfg.Mountpoint)
-	if os.WriteFile(p+".tmp", data, 0o600) == nil {
-		os.Rename(p+".tmp", p)
-	}
+	atomicfile.Write(lastStopPath(cfg.Mountpoint), "", data, 0o600)
 }
 
 // ReadLastStop returns the final state of the last daemon that served

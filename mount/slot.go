@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/atomicfile"
 	"github.com/amlfs/amlfs/revision"
 )
 
@@ -101,7 +102,7 @@ func leaseRecordPath(base string) string { return filepath.Join(base, "lease.jso
 func writeLeaseRecord(base string, slot *os.File, holder string) error {
 	host, _ := os.Hostname()
 	data, _ := json.Marshal(leaseRecord{Holder: holder, Slot: filepath.Base(filepath.Dir(slot.Name())), PID: os.Getpid(), Host: host})
-	return writeFileSync(leaseRecordPath(base), data)
+	return atomicfile.Write(leaseRecordPath(base), "", data, 0o600)
 }
 
 // deadHolder returns the test revision.Options.DeadHolder wants for the
@@ -141,35 +142,6 @@ func validSlot(s string) bool {
 // DeadHolder is deadHolder for a process that holds no slot (destroy).
 func DeadHolder(cacheDir string, store revision.Store, id string) func(string) bool {
 	return deadHolder(slotsDir(cacheDir, store, id), nil, nil)
-}
-
-// writeFileSync replaces path with data durably: a synced temporary file
-// renamed over it, then the directory synced.
-func writeFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
 }
 
 // slotsDir is where a workspace's working-directory slots live.

@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/atomicfile"
 )
 
 // FSStore is the filesystem store: ROOT is Base/seg(id).
@@ -93,7 +95,7 @@ func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	if err := os.MkdirAll(s.path(stagingDir), 0o755); err != nil {
 		return "", err
 	}
-	if err := writeFileAtomic(s.path(IndexKey), s.path(stagingDir), data); err != nil {
+	if err := atomicfile.Write(s.path(IndexKey), s.path(stagingDir), data, 0o644); err != nil {
 		return "", err
 	}
 	return version(data), nil
@@ -115,45 +117,6 @@ func flockDir(dir string) (func(), error) {
 		return nil, &os.PathError{Op: "flock", Path: dir, Err: err}
 	}
 	return func() { unix.Flock(fd, unix.LOCK_UN); unix.Close(fd) }, nil
-}
-
-// writeFileAtomic writes a temp file, fsyncs it, renames it over name and
-// fsyncs the directory.
-func writeFileAtomic(name, tmpDir string, data []byte) error {
-	dir := filepath.Dir(name)
-	tmp, err := os.CreateTemp(tmpDir, ".tmp-"+filepath.Base(name)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), name); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
@@ -321,7 +284,7 @@ func (st *fsStager) Commit(ctx context.Context) error {
 		return &os.PathError{Op: "rename", Path: dst, Err: err}
 	}
 	os.Remove(filepath.Dir(st.tmp)) // the staging dir, if no other save uses it
-	return syncDir(filepath.Dir(dst))
+	return atomicfile.SyncDir(filepath.Dir(dst))
 }
 
 func (st *fsStager) Abort(ctx context.Context) error {
