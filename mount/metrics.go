@@ -47,15 +47,16 @@ func (d *Daemon) progress(p revision.Progress) {
 	if p.Phase == "restore" {
 		d.restoredBytes.Store(p.TotalBytes)
 	}
-	// A save that runs long says what is left, every 5 s, so that a stop
-	// that outlasts its grace period leaves a record of what was pending.
+	// A save still running at its first progress report (0.2 s in) says
+	// what it has left, and again every 5 s, so that a stop that outlasts
+	// its grace period leaves a record of what was pending.
 	if p.Phase == "save" && !p.Done && p.Elapsed >= d.nextSaveReport.Load() {
 		d.nextSaveReport.Store(p.Elapsed + saveReportEvery)
 		d.log.Info("saving", "files", p.Files, "totalFiles", p.TotalFiles, "bytes", p.Bytes, "totalBytes", p.TotalBytes,
 			"pendingBytes", p.TotalBytes-p.Bytes, "seconds", p.Elapsed.Seconds())
 	}
 	if p.Phase == "save" && p.Done {
-		d.nextSaveReport.Store(saveReportEvery)
+		d.nextSaveReport.Store(0) // the next save reports at its first report too
 	}
 	if d.hooks.Progress != nil {
 		d.hooks.Progress(p)
