@@ -222,6 +222,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := CheckConditionalWrites(ctx, store, cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
 		return err
 	}
+	wlog := d.log.With("provider", "workspace")
 	// The slot first: holding it, this daemon can tell whether the holder
 	// of a lease that is not stale yet is a crashed mount of this host.
 	slots := slotsDir(cfg.CacheDir, store, cfg.ID)
@@ -233,7 +234,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
-		LazyRestore: cfg.Restore == "lazy", Progress: d.progress, Log: d.log.With("provider", "workspace")})
+		LazyRestore: cfg.Restore == "lazy", Progress: d.progress, Log: wlog})
 	if err != nil {
 		return err
 	}
@@ -243,8 +244,8 @@ func (d *Daemon) start(ctx context.Context) error {
 			return fmt.Errorf("record the lease in %s: %w", slots, err)
 		}
 	}
-	d.workDir = filepath.Join(filepath.Dir(slot.Name()), "work")
-	d.state = filepath.Join(filepath.Dir(slot.Name()), "state.json")
+	d.workDir = filepath.Join(filepath.Dir(slot.Name()), workDirName)
+	d.state = filepath.Join(filepath.Dir(slot.Name()), stateFile)
 	d.setPhase("restoring")
 	if err := d.prepareWorkDir(ctx); err != nil {
 		return err
@@ -261,7 +262,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log.With("provider", "workspace"), Content: d.ws, Live: live, Ops: d.metrics,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics,
 	})
 	if err != nil {
 		return err

@@ -14,6 +14,13 @@ import (
 	"github.com/amlfs/amlfs/revision"
 )
 
+// A slot holds its working tree in workDirName, and stateFile while that
+// tree may hold unsaved work.
+const (
+	workDirName = "work"
+	stateFile   = "state.json"
+)
+
 // claimSlot claims a working-directory slot under base: base/0, base/1, ...
 // Each slot holds one mount's working tree and state file, and is claimed
 // with an flock on its "owner" file. The kernel drops the flock when the
@@ -38,7 +45,7 @@ func claimSlot(base string) (*os.File, error) {
 		if f == nil {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(dir, "state.json")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, stateFile)); err == nil {
 			if spare != nil {
 				spare.Close()
 			}
@@ -172,15 +179,11 @@ func PurgeCache(cacheDir string, store revision.Store, id string) error {
 		if !e.IsDir() {
 			continue
 		}
-		f, err := os.OpenFile(filepath.Join(base, e.Name(), "owner"), os.O_RDWR, 0)
-		if os.IsNotExist(err) {
-			continue
-		}
+		f, err := tryClaim(filepath.Join(base, e.Name()))
 		if err != nil {
 			return err
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
+		if f == nil {
 			return amlerr.New(amlerr.WorkspaceConflict, id, "a mount on this host is using %s", filepath.Join(base, e.Name()))
 		}
 		held = append(held, f)
