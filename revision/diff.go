@@ -50,12 +50,8 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 	for _, e := range ta {
 		old[e.Path] = e
 	}
-	newer := make(map[string]TreeEntry, len(tb))
-	for _, e := range tb {
-		newer[e.Path] = e
-	}
 	var out []Change
-	var same []string // files of equal size and mode, to compare by content
+	var same []TreeEntry // files of equal size and mode, to compare by content
 	for _, nb := range tb {
 		na, ok := old[nb.Path]
 		delete(old, nb.Path)
@@ -66,7 +62,7 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 		case na.Type != nb.Type || na.Mode != nb.Mode || na.Size != nb.Size:
 			c.Kind = "changed"
 		case nb.Type == TypeFile:
-			same = append(same, nb.Path)
+			same = append(same, nb)
 			continue
 		default:
 			continue
@@ -84,18 +80,17 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, p := range differ {
-			e := newer[p]
-			out = append(out, Change{Path: p, Kind: "changed", OldType: e.Type, NewType: e.Type, OldSize: e.Size, NewSize: e.Size, OldMode: e.Mode, NewMode: e.Mode})
+		for _, e := range differ {
+			out = append(out, Change{Path: e.Path, Kind: "changed", OldType: e.Type, NewType: e.Type, OldSize: e.Size, NewSize: e.Size, OldMode: e.Mode, NewMode: e.Mode})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
 }
 
-// differing returns the paths, among files present in both revisions with
+// differing returns the files, among those present in both revisions with
 // equal sizes, whose bytes differ.
-func (w *Workspace) differing(ctx context.Context, a, b Entry, paths []string) ([]string, error) {
+func (w *Workspace) differing(ctx context.Context, a, b Entry, files []TreeEntry) ([]TreeEntry, error) {
 	var ha, hb map[string]string
 	var err error
 	if a.Format == FormatArchive {
@@ -108,31 +103,34 @@ func (w *Workspace) differing(ctx context.Context, a, b Entry, paths []string) (
 			return nil, err
 		}
 	}
+	// digest is a file's hash in revision e: from its archive's hashes,
+	// or by reading its object.
+	digest := func(e Entry, hashes map[string]string, p string) (string, error) {
+		if hashes == nil {
+			return w.objectDigest(ctx, e.Path+"files/"+p)
+		}
+		d, ok := hashes[p]
+		if !ok {
+			return "", fmt.Errorf("%s: %s is missing from the archive", e.Path, p)
+		}
+		return d, nil
+	}
 	so, _ := w.store.(sameObjecter)
-	var out []string
-	for _, p := range paths {
-		ka, kb := a.Path+"files/"+p, b.Path+"files/"+p
-		if ha == nil && hb == nil && so != nil && so.SameObject(ctx, ka, kb) {
+	var out []TreeEntry
+	for _, f := range files {
+		if ha == nil && hb == nil && so != nil && so.SameObject(ctx, a.Path+"files/"+f.Path, b.Path+"files/"+f.Path) {
 			continue
 		}
-		da, ok := ha[p]
-		if ha == nil {
-			if da, err = w.objectDigest(ctx, ka); err != nil {
-				return nil, err
-			}
-		} else if !ok {
-			return nil, fmt.Errorf("%s: %s is missing from the archive", a.Path, p)
+		da, err := digest(a, ha, f.Path)
+		if err != nil {
+			return nil, err
 		}
-		db, ok := hb[p]
-		if hb == nil {
-			if db, err = w.objectDigest(ctx, kb); err != nil {
-				return nil, err
-			}
-		} else if !ok {
-			return nil, fmt.Errorf("%s: %s is missing from the archive", b.Path, p)
+		db, err := digest(b, hb, f.Path)
+		if err != nil {
+			return nil, err
 		}
 		if da != db {
-			out = append(out, p)
+			out = append(out, f)
 		}
 	}
 	return out, nil
