@@ -537,7 +537,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		}
 	}
 	d.mu.Lock()
-	dirty := d.baseMark == -1 || d.fs.Changes() != d.baseMark
+	dirty := d.dirtyLocked()
 	d.mu.Unlock()
 	if res.Error == "" && (!dirty || d.cfg.Save == SaveNever || req.noSave) {
 		// Nothing unsaved is worth keeping: drop the working tree.
@@ -656,6 +656,12 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	return info, nil
 }
 
+// dirtyLocked reports whether the tree has changes no revision holds: it
+// was never saved, or changed since baseMark. Must hold d.mu.
+func (d *Daemon) dirtyLocked() bool {
+	return d.baseMark == -1 || d.fs.Changes() != d.baseMark
+}
+
 // Status reports the daemon's state.
 func (d *Daemon) Status() Status {
 	// The gauges read daemon state under d.mu: gather them first.
@@ -685,7 +691,7 @@ func (d *Daemon) Status() Status {
 		return st
 	}
 	st.Store = d.ws.Store().String()
-	st.Dirty = d.baseMark == -1 || st.Changes != d.baseMark
+	st.Dirty = d.dirtyLocked()
 	st.PendingFiles, st.PendingBytes = d.ws.Pending()
 	if idx := d.ws.Index(); idx != nil {
 		st.CurrentRevision = idx.Current

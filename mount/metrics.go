@@ -90,7 +90,7 @@ func (d *Daemon) registerGauges() {
 		m.Gauge("workspace_dirty", "1 if the tree has changes no revision holds.", nil, func() float64 {
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			return boolGauge(d.baseMark == -1 || d.fs.Changes() != d.baseMark)
+			return boolGauge(d.dirtyLocked())
 		})
 		m.Gauge("workspace_pending_files", "Lazily restored files whose bytes are not fetched yet.", nil, func() float64 {
 			n, _ := d.ws.Pending()
