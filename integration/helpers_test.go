@@ -63,6 +63,7 @@ type env struct {
 	prefix    string // S3 key prefix of the store
 	cache     string
 	runtime   string
+	bin       string // the amlfs binary the env runs; amlfsBin if empty
 }
 
 func newEnv(t *testing.T) *env {
@@ -88,7 +89,11 @@ func (e *env) amlfs(args ...string) result {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, amlfsBin, args...)
+	bin := e.bin
+	if bin == "" {
+		bin = amlfsBin
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(append(os.Environ(), e.extraEnv...), "AMLFS_RUNTIME_DIR="+e.runtime)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

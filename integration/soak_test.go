@@ -43,26 +43,11 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	e := newEnv(t)
+	e.bin = bin
 	mp := filepath.Join(e.root, "mnt")
-	run := func(args ...string) result {
-		t.Helper()
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
-		var out, errb strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return result{code: code, stdout: out.String(), stderr: errb.String()}
-	}
-	if r := run(append([]string{"mount", "--daemon", mp}, e.wsArgs("soak", "--retention", "4")...)...); r.code != 0 {
+	if r := e.mountAt(mp, "soak", "--retention", "4"); r.code != 0 {
 		t.Fatalf("mount: %s", r)
 	}
-	t.Cleanup(func() { e.forceUnmount(mp) })
 	pid := e.pid(mp)
 
 	const workers, slots = 16, 6
@@ -99,7 +84,7 @@ func TestSoak(t *testing.T) {
 		time.Sleep(min(20*time.Second, time.Until(deadline)))
 		peak = max(peak, vmHWM(t, pid))
 		m.mu.Lock()
-		r := run("commit", mp)
+		r := e.amlfs("commit", mp)
 		if r.code != 0 {
 			m.mu.Unlock()
 			t.Fatalf("commit: %s", r)
@@ -121,7 +106,7 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("the mount differs from the model: %d files on the mount, %d in the model", len(got), len(final))
 	}
 	peak = max(peak, vmHWM(t, pid))
-	r := run("unmount", mp)
+	r := e.amlfs("unmount", mp)
 	if r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
