@@ -34,6 +34,9 @@ const (
 	LockLost = "AML_LOCK_LOST"
 	// UnsafeStore: the store ignores conditional writes.
 	UnsafeStore = "UNSAFE_STORE"
+	// BaseRevisionGone: a lazily restored file's bytes are gone from the
+	// store (another writer pruned its revision) before it was fetched.
+	BaseRevisionGone = "BASE_REVISION_GONE"
 )
 
 // Error is an error with a stable code word and the subject at fault (a path,
@@ -121,11 +124,11 @@ func ExitStatus(err error) int {
 		return ExitOK
 	case Has(err, InvalidConfig):
 		return ExitUsage
-	case Has(err, WorkspaceConflict):
+	case Has(err, WorkspaceConflict), Has(err, PublishConflict):
 		return ExitConflict
 	case Has(err, RevisionIDConflict):
 		return ExitRevisionID
-	case Has(err, SaveFailed), Has(err, PublishConflict):
+	case Has(err, SaveFailed):
 		return ExitSave
 	}
 	return ExitOther

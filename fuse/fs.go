@@ -1,7 +1,8 @@
 // Package fuse serves the workspace's working directory through go-fuse. It
-// is a thin adapter: go-fuse's loopback node does the POSIX work over the
-// per-mount working directory, and this package adds the mount options, the
-// checkpoint barrier, change tracking and kernel cache invalidation.
+// is a thin adapter: the handle-based loopback (fuse/loopback) does the
+// POSIX work over the per-mount working directory, and this package adds
+// the mount options, the checkpoint barrier, change tracking, lazy restore
+// and kernel cache invalidation.
 package fuse
 
 import (
@@ -22,12 +23,18 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/fuse/loopback"
 )
 
 // Options configure a mount.
 type Options struct {
 	// Dir is the backing working directory.
 	Dir string
+	// ControlSocket, if set, is what the root answers for the virtual
+	// xattr ControlXattr: how a client with nothing but the mountpoint
+	// (an MCP server started with an empty environment) finds the daemon.
+	ControlSocket string
 	// FsName is shown as the source in /proc/mounts.
 	FsName string
 	// MountOptions are extra -o options (allow_other, ro, default_permissions, ...).
@@ -73,6 +80,7 @@ type Content interface {
 
 // FS is a mounted workspace.
 type FS struct {
+	control    string // Options.ControlSocket
 	server     *fuse.Server
 	root       *node
 	log        *slog.Logger
@@ -83,14 +91,12 @@ type FS struct {
 	// side while it snapshots, so it sees a tree no FUSE call is changing.
 	barrier sync.RWMutex
 	changes atomic.Int64 // mutations served since mount
-	timeout time.Duration
 	content Content
-
-	readOnly bool
 
 	liveMu    sync.Mutex
 	live      map[string]*liveMount // by Rel
 	liveNames map[string]bool       // the last segment of each Rel
+	liveDirs  map[string]bool       // the directory of each Rel ("" for the root)
 }
 
 type liveMount struct {
@@ -109,12 +115,8 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	lroot, err := gofs.NewLoopbackRoot(opts.Dir)
-	if err != nil {
-		return nil, err
-	}
-	f := &FS{log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, timeout: opts.Timeout, content: opts.Content,
-		live: map[string]*liveMount{}, liveNames: map[string]bool{}, readOnly: opts.ReadOnlyRoot}
+	f := &FS{control: opts.ControlSocket, log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, content: opts.Content,
+		live: map[string]*liveMount{}, liveNames: map[string]bool{}, liveDirs: map[string]bool{}}
 	for _, l := range opts.Live {
 		// The workspace directory the live mount covers must exist so
 		// that listings show it.
@@ -123,17 +125,33 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		}
 		f.live[l.Rel] = &liveMount{Live: l}
 		f.liveNames[path.Base(l.Rel)] = true
+		dir := path.Dir(l.Rel)
+		if dir == "." {
+			dir = ""
+		}
+		f.liveDirs[dir] = true
 	}
-	ln := lroot.(*gofs.LoopbackNode)
-	f.root = &node{LoopbackNode: ln, fs: f}
-	ln.RootData.RootNode = f.root
+	// amlfs is the only writer of the working directory, so the kernel
+	// may cache entries and attributes long; amlfs invalidates what it
+	// changes itself. go-fuse would leave a SETATTR reply's time at 0,
+	// which makes the kernel ask again right after every chmod.
+	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	f.root = &node{Node: lroot, fs: f}
 
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
-		FsName:        opts.FsName,
-		Name:          "amlfs",
-		DirectMount:   os.Geteuid() == 0,
-		EnableLocks:   true,
+		FsName: opts.FsName,
+		Name:   "amlfs",
+		// As root, mount(2) and umount2(2) directly, never through
+		// fusermount: go-fuse's fallback to it would turn an EBUSY
+		// unmount into "no fusermount" where it is not installed.
+		DirectMountStrict: os.Geteuid() == 0,
+		// Locks stay with the kernel's own lock manager on the FUSE
+		// inode: ext4's semantics exactly (see loopback.File).
+		EnableLocks:   false,
 		MaxWrite:      1 << 20,
 		MaxReadAhead:  1 << 20,
 		Debug:         opts.Debug,
@@ -172,6 +190,8 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		AttrTimeout:     &timeout,
 		NegativeTimeout: &timeout,
 		Logger:          mo.Logger,
+		// A mode of 0000 is shown as 0000, not as go-fuse's 0644.
+		NullPermissions: true,
 	}
 	// gofs.Mount, with the request timing wrapped around the node layer.
 	raw := gofs.NewNodeFS(f.root, gopts)
@@ -182,7 +202,17 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		raw = &metered{RawFileSystem: raw, obs: opts.Ops}
 	}
 	server, err := fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
+	if err != nil && mo.DirectMountStrict && errors.Is(err, syscall.EPERM) {
+		// Root without CAP_SYS_ADMIN (a container): fusermount3 may
+		// still mount for us.
+		opts.Log.Info("direct mount refused; trying fusermount3", "op", "mount", "path", mountpoint, "err", err)
+		gopts.MountOptions.DirectMountStrict = false
+		server, err = fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
+	}
 	if err != nil {
+		if strings.Contains(err.Error(), "fusermount") && errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("mount %s: %w (mounting as a user other than root needs the setuid fusermount3 of the fuse3 package: apt-get install fuse3)", mountpoint, err)
+		}
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
 	go server.Serve()

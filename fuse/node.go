@@ -6,27 +6,30 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/amlfs/amlfs/fuse/loopback"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// node is the workspace's loopback node over the per-mount working
-// directory. go-fuse's LoopbackNode does the POSIX work; node adds what the
-// workspace needs around every mutation: the checkpoint barrier, and change
-// tracking so that an unchanged workspace is not saved again.
+// node is the workspace's node over the per-mount working directory. The
+// handle-based loopback does the POSIX work (and refuses changes to a
+// read-only root); node adds what the workspace needs around it: lazy
+// restore before a file or directory is used, the checkpoint barrier, change
+// tracking so that an unchanged workspace is not saved again, and the live
+// mounts grafted at their prefixes.
 type node struct {
-	*gofs.LoopbackNode
+	*loopback.Node
 	fs *FS
 }
 
 var _ = (gofs.NodeWrapChilder)((*node)(nil))
 
 func (n *node) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
-	ln, ok := ops.(*gofs.LoopbackNode)
+	ln, ok := ops.(*loopback.Node)
 	if !ok {
 		return ops // a live mount's root: its provider's own node
 	}
-	return &node{LoopbackNode: ln, fs: n.fs}
+	return &node{Node: ln, fs: n.fs}
 }
 
 // mutate runs a change under the barrier's read side and records it.
@@ -41,9 +44,6 @@ const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall
 var _ = (gofs.NodeOpener)((*node)(nil))
 
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if n.fs.readOnly && flags&writeFlags != 0 {
-		return nil, 0, syscall.EROFS
-	}
 	if errno := n.ensure(ctx); errno != 0 {
 		return nil, 0, errno
 	}
@@ -51,27 +51,13 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// With passthrough the kernel writes to the backing file
 		// directly, so an open for writing counts as a change.
 		defer n.mutate()()
-		// Those writes run with the daemon's credentials, which would
-		// keep setuid/setgid where a write by an unprivileged caller
-		// must clear them: clear them at such an open instead.
-		if caller, ok := fuse.FromContext(ctx); ok && caller.Uid != 0 {
-			var out fuse.AttrOut
-			if errno := n.LoopbackNode.Getattr(ctx, nil, &out); errno == 0 {
-				if errno := n.killSuidgid(&out); errno != 0 {
-					return nil, 0, errno
-				}
-			}
-		}
 	}
-	return n.LoopbackNode.Open(ctx, flags)
+	return n.Node.Open(ctx, flags)
 }
 
 var _ = (gofs.NodeWriter)((*node)(nil))
 
 func (n *node) Write(ctx context.Context, f gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
-	if n.fs.readOnly {
-		return 0, syscall.EROFS
-	}
 	defer n.mutate()()
 	return f.(gofs.FileWriter).Write(ctx, data, off)
 }
@@ -79,91 +65,66 @@ func (n *node) Write(ctx context.Context, f gofs.FileHandle, data []byte, off in
 var _ = (gofs.NodeCreater)((*node)(nil))
 
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.fs.readOnly {
-		return nil, nil, 0, syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, nil, 0, errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	return n.Node.Create(ctx, name, flags, mode, out)
 }
 
 var _ = (gofs.NodeMkdirer)((*node)(nil))
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.fs.readOnly {
-		return nil, syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Mkdir(ctx, name, mode, out)
+	return n.Node.Mkdir(ctx, name, mode, out)
 }
 
 var _ = (gofs.NodeMknoder)((*node)(nil))
 
 func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.fs.readOnly {
-		return nil, syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
+	return n.Node.Mknod(ctx, name, mode, rdev, out)
 }
 
 var _ = (gofs.NodeSymlinker)((*node)(nil))
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.fs.readOnly {
-		return nil, syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Symlink(ctx, target, name, out)
+	return n.Node.Symlink(ctx, target, name, out)
 }
 
 var _ = (gofs.NodeLinker)((*node)(nil))
 
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.fs.readOnly {
-		return nil, syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
 	defer n.mutate()()
-	t, ok := target.(*node)
-	if !ok {
-		return nil, syscall.EXDEV // from a live mount
-	}
-	return n.LoopbackNode.Link(ctx, t.LoopbackNode, name, out)
+	return n.Node.Link(ctx, target, name, out)
 }
 
 var _ = (gofs.NodeUnlinker)((*node)(nil))
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Unlink(ctx, name)
+	return n.Node.Unlink(ctx, name)
 }
 
 var _ = (gofs.NodeRmdirer)((*node)(nil))
 
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
@@ -175,15 +136,12 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 		return errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Rmdir(ctx, name)
+	return n.Node.Rmdir(ctx, name)
 }
 
 var _ = (gofs.NodeRenamer)((*node)(nil))
 
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return errno
 	}
@@ -206,32 +164,19 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Rename(ctx, name, p.LoopbackNode, newName, flags)
+	return n.Node.Rename(ctx, name, p, newName, flags)
 }
 
 var _ = (gofs.NodeSetattrer)((*node)(nil))
 
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	if _, resize := in.GetSize(); resize {
 		if errno := n.ensure(ctx); errno != 0 {
 			return errno
 		}
 	}
 	defer n.mutate()()
-	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
-	if errno == 0 && in.Valid&fuse.FATTR_KILL_SUIDGID != 0 {
-		errno = n.killSuidgid(out)
-	}
-	if errno == 0 {
-		// go-fuse leaves the reply's attribute timeout at 0, which makes
-		// the kernel send a GETATTR right after every chmod, chown,
-		// truncate and utimens. The reply holds fresh attributes.
-		out.SetTimeout(n.fs.timeout)
-	}
-	return errno
+	return n.Node.Setattr(ctx, f, in, out)
 }
 
 // ensure has the content provider put a lazily restored file's bytes in
@@ -272,7 +217,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Lookup(ctx, name, out)
+	return n.Node.Lookup(ctx, name, out)
 }
 
 // liveChild returns the live mount grafted at n's child name, if any.
@@ -286,14 +231,7 @@ func (n *node) liveChild(name string) *liveMount {
 
 // graft returns the live mount's root in place of the workspace directory.
 func (n *node) graft(ctx context.Context, lm *liveMount, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	ch := func() *gofs.Inode {
-		n.fs.liveMu.Lock()
-		defer n.fs.liveMu.Unlock()
-		if lm.inode == nil {
-			lm.inode = n.NewPersistentInode(ctx, lm.Root, lm.Attr)
-		}
-		return lm.inode
-	}()
+	ch := n.liveInode(ctx, lm)
 	// Attributes only once the root is part of the tree: a loopback
 	// node finds its path through it.
 	if g, ok := lm.Root.(gofs.NodeGetattrer); ok {
@@ -306,13 +244,27 @@ func (n *node) graft(ctx context.Context, lm *liveMount, name string, out *fuse.
 	return ch, 0
 }
 
+// liveInode is the inode of the live mount's root, made on first use.
+func (n *node) liveInode(ctx context.Context, lm *liveMount) *gofs.Inode {
+	n.fs.liveMu.Lock()
+	defer n.fs.liveMu.Unlock()
+	if lm.inode == nil {
+		lm.inode = n.NewPersistentInode(ctx, lm.Root, lm.Attr)
+	}
+	return lm.inode
+}
+
 var _ = (gofs.NodeOpendirHandler)((*node)(nil))
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, 0, errno
 	}
-	return n.LoopbackNode.OpendirHandle(ctx, flags)
+	fh, fl, errno := n.Node.OpendirHandle(ctx, flags)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	return n.liveDir(ctx, fh.(loopback.DirHandle)), fl, 0
 }
 
 var _ = (gofs.NodeReaddirer)((*node)(nil))
@@ -321,7 +273,58 @@ func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
-	return n.LoopbackNode.Readdir(ctx)
+	ds, errno := n.Node.Readdir(ctx)
+	if errno != 0 {
+		return nil, errno
+	}
+	return n.liveDir(ctx, ds.(loopback.DirHandle)), 0
+}
+
+// liveDir lists a directory that holds live mounts with each mount's root
+// inode number in place of the hidden workspace directory's, as lstat of
+// the name reports it (find, du and os.scandir compare the two).
+func (n *node) liveDir(ctx context.Context, d loopback.DirHandle) loopback.DirHandle {
+	if len(n.fs.live) == 0 {
+		return d
+	}
+	here := n.Path(nil)
+	if !n.fs.liveDirs[here] {
+		return d
+	}
+	return &liveDirStream{DirHandle: d, ino: func(name string) (uint64, bool) {
+		lm := n.fs.live[path.Join(here, name)]
+		if lm == nil || !n.fs.liveNames[name] {
+			return 0, false
+		}
+		return n.liveInode(ctx, lm).StableAttr().Ino, true
+	}}
+}
+
+type liveDirStream struct {
+	loopback.DirHandle
+	ino func(name string) (uint64, bool)
+}
+
+func (d *liveDirStream) fix(e *fuse.DirEntry) {
+	if ino, ok := d.ino(e.Name); ok {
+		e.Ino = ino
+	}
+}
+
+func (d *liveDirStream) Next() (fuse.DirEntry, syscall.Errno) {
+	e, errno := d.DirHandle.Next()
+	if errno == 0 {
+		d.fix(&e)
+	}
+	return e, errno
+}
+
+func (d *liveDirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	e, errno := d.DirHandle.Readdirent(ctx)
+	if e != nil {
+		d.fix(e)
+	}
+	return e, errno
 }
 
 // internalXattr names amlfs's own markers in the working tree; the mount
@@ -331,17 +334,27 @@ func internalXattr(attr string) bool { return strings.HasPrefix(attr, "user.amlf
 var _ = (gofs.NodeGetxattrer)((*node)(nil))
 
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if attr == ControlXattr && n.fs.control != "" && n.IsRoot() {
+		if len(dest) < len(n.fs.control) {
+			return uint32(len(n.fs.control)), map[bool]syscall.Errno{true: 0, false: syscall.ERANGE}[len(dest) == 0]
+		}
+		return uint32(copy(dest, n.fs.control)), 0
+	}
 	if internalXattr(attr) {
 		return 0, syscall.ENODATA
 	}
-	return n.LoopbackNode.Getxattr(ctx, attr, dest)
+	return n.Node.Getxattr(ctx, attr, dest)
 }
+
+// ControlXattr is the virtual xattr of the mount root that names the
+// daemon's control socket.
+const ControlXattr = "user.amlfs.control"
 
 var _ = (gofs.NodeListxattrer)((*node)(nil))
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	buf := make([]byte, 64<<10)
-	sz, errno := n.LoopbackNode.Listxattr(ctx, buf)
+	sz, errno := n.Node.Listxattr(ctx, buf)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -363,89 +376,43 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 var _ = (gofs.NodeSetxattrer)((*node)(nil))
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	if internalXattr(attr) {
 		return syscall.EPERM
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
+	return n.Node.Setxattr(ctx, attr, data, flags)
 }
 
 var _ = (gofs.NodeRemovexattrer)((*node)(nil))
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	if internalXattr(attr) {
 		return syscall.ENODATA
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Removexattr(ctx, attr)
+	return n.Node.Removexattr(ctx, attr)
 }
 
 var _ = (gofs.NodeAllocater)((*node)(nil))
 
 func (n *node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
-	if n.fs.readOnly {
-		return syscall.EROFS
-	}
 	defer n.mutate()()
-	if a, ok := f.(gofs.FileAllocater); ok {
-		return a.Allocate(ctx, off, size, mode)
-	}
-	return syscall.ENOTSUP
+	return n.Node.Allocate(ctx, f, off, size, mode)
 }
 
 var _ = (gofs.NodeCopyFileRanger)((*node)(nil))
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, len uint64, flags uint64) (uint32, syscall.Errno) {
-	if n.fs.readOnly {
-		return 0, syscall.EROFS
-	}
 	defer n.mutate()()
-	return n.LoopbackNode.CopyFileRange(ctx, fhIn, offIn, out, fhOut, offOut, len, flags)
+	return n.Node.CopyFileRange(ctx, fhIn, offIn, out, fhOut, offOut, len, flags)
 }
 
 var _ = (gofs.NodeTmpfiler)((*node)(nil))
 
 func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.fs.readOnly {
-		return nil, nil, 0, syscall.EROFS
-	}
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, nil, 0, errno
 	}
 	defer n.mutate()()
-	return n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
-}
-
-var _ = (gofs.NodeFlusher)((*node)(nil))
-
-// Flush answers ENOSYS, after which the kernel stops sending FLUSH on every
-// close: the backing file needs none (it is a local file, and POSIX locks
-// are kept as open-file-description locks released on RELEASE).
-func (n *node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
-	return syscall.ENOSYS
-}
-
-// killSuidgid clears setuid, and setgid on group-executable files, as the
-// kernel asks with FATTR_KILL_SUIDGID when an unprivileged caller truncates
-// or chowns, and as a write by one must (amlfs takes on this duty with
-// CAP_HANDLE_KILLPRIV_V2).
-func (n *node) killSuidgid(out *fuse.AttrOut) syscall.Errno {
-	mode := out.Mode & 07777
-	kill := uint32(syscall.S_ISUID)
-	if mode&syscall.S_IXGRP != 0 {
-		kill |= syscall.S_ISGID
-	}
-	if out.Mode&syscall.S_IFMT != syscall.S_IFREG || mode&kill == 0 {
-		return 0
-	}
-	var in fuse.SetAttrIn
-	in.Valid = fuse.FATTR_MODE
-	in.Mode = mode &^ kill
-	return n.LoopbackNode.Setattr(context.Background(), nil, &in, out)
+	return n.Node.Tmpfile(ctx, flags, mode, out)
 }

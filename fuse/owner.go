@@ -126,3 +126,16 @@ func (w *owned) Statx(cancel <-chan struct{}, input *fuse.StatxIn, out *fuse.Sta
 	}
 	return st
 }
+
+// CheckOwnerOptions validates the uid=, gid= and umask= options among
+// opts, so that a bad one is refused before anything is locked or
+// restored.
+func CheckOwnerOptions(opts []string) error {
+	var o ownerOptions
+	for _, opt := range opts {
+		if _, err := o.parse(opt); err != nil {
+			return err
+		}
+	}
+	return nil
+}

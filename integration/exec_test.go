@@ -59,7 +59,7 @@ func TestExec(t *testing.T) {
 	}
 	// A failed save: exit 4, with the save's error and CMD's status.
 	n := revisions()
-	if r := run("on-success", "ln -s a link"); r.code != 4 || !strings.Contains(r.stderr, "UNSUPPORTED_ENTRY") || !strings.Contains(r.stderr, "exited 0") {
+	if r := run("on-success", `touch "$(printf 'bad\377')"`); r.code != 4 || !strings.Contains(r.stderr, "UNSUPPORTED_ENTRY") || !strings.Contains(r.stderr, "exited 0") {
 		t.Errorf("failed save: %s", r)
 	}
 	if revisions() != n {
@@ -97,5 +97,54 @@ func TestExecSignal(t *testing.T) {
 	}
 	if fileExists(filepath.Join(e.storeD, "sig", "workspace.json")) {
 		t.Errorf("a cancelled exec saved a revision: %s", out.String())
+	}
+}
+
+// Under docker stop: a command that traps SIGTERM, finishes its work and
+// exits 0 has succeeded, and its work is saved; one that ignores SIGTERM is
+// killed after --stop-timeout, and its run is not saved.
+func TestExecStop(t *testing.T) {
+	e := newEnv(t)
+	run := func(id, script string, extra ...string) (*exec.Cmd, *bytes.Buffer, string) {
+		mp := filepath.Join(e.root, "mnt-"+id)
+		args := append(append([]string{"exec"}, e.wsArgs(id, extra...)...), mp, "--", "sh", "-c", script)
+		cmd := exec.Command(amlfsBin, args...)
+		cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		must(t, cmd.Start())
+		t.Cleanup(func() { e.forceUnmount(mp) })
+		waitFor(t, func() bool { return fileExists(filepath.Join(mp, "started")) })
+		must(t, cmd.Process.Signal(syscall.SIGTERM))
+		return cmd, &out, mp
+	}
+	wait := func(cmd *exec.Cmd, out *bytes.Buffer, within time.Duration) {
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(within):
+			cmd.Process.Kill()
+			t.Fatalf("exec did not end within %s: %s", within, out.String())
+		}
+	}
+	// Traps SIGTERM, finishes, exits 0.
+	cmd, out, _ := run("trap", `trap 'echo done > result; exit 0' TERM; touch started; while :; do sleep 0.1; done`)
+	wait(cmd, out, 30*time.Second)
+	if cmd.ProcessState.ExitCode() != 0 || !strings.Contains(out.String(), "saved revision") {
+		t.Errorf("a command that finished after SIGTERM: exit %d: %s", cmd.ProcessState.ExitCode(), out.String())
+	}
+	h := e.host(t)
+	m := h.mount("trap", "--no-lock", "--save", "never")
+	if got := readFile(t, filepath.Join(m, "result")); got != "done\n" {
+		t.Errorf("its work: %q", got)
+	}
+	h.unmount(m)
+	// Ignores SIGTERM: killed after --stop-timeout.
+	start := time.Now()
+	cmd, out, _ = run("deaf", `trap '' TERM; touch started; while :; do sleep 0.1; done`, "--stop-timeout", "2s")
+	wait(cmd, out, 30*time.Second)
+	if cmd.ProcessState.ExitCode() != 128+int(syscall.SIGKILL) || time.Since(start) > 25*time.Second || !strings.Contains(out.String(), "--stop-timeout") {
+		t.Errorf("a command deaf to SIGTERM: exit %d after %s: %s", cmd.ProcessState.ExitCode(), time.Since(start), out.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +24,21 @@ import (
 var amlfsBin string
 
 func TestMain(m *testing.M) {
+	// A copy of this binary runs as a child process of some tests,
+	// maybe as another user: it runs its part and exits.
+	switch os.Getenv("AMLFS_TEST_CHILD") {
+	case "":
+	case "race":
+		n, _ := strconv.Atoi(os.Getenv("RACE_N"))
+		raceChild(os.Getenv("RACE_OP"), n)
+		os.Exit(0)
+	case "lock":
+		lockChild()
+		os.Exit(0)
+	default:
+		fmt.Println("unknown AMLFS_TEST_CHILD", os.Getenv("AMLFS_TEST_CHILD"))
+		os.Exit(2)
+	}
 	if os.Geteuid() != 0 {
 		fmt.Println("integration tests need root for FUSE; skipping")
 		os.Exit(0)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amlfs/amlfs/mount"
 	"github.com/amlfs/amlfs/revision"
 )
 
@@ -63,7 +64,7 @@ func testNoLockStaleWriterFails(t *testing.T, newEnv func(*testing.T) *env) {
 		t.Fatalf("first save: %s", ra)
 	}
 	rb := e.unmount(b)
-	if rb.code != 4 || !strings.Contains(rb.stderr, "previous revision is still current") {
+	if rb.code != 3 || !strings.Contains(rb.stderr, "AML_PUBLISH_CONFLICT") || !strings.Contains(rb.stderr, "previous revision is still current") {
 		t.Fatalf("stale save: %s", rb)
 	}
 	idx := readIndex(t, e, "nl")
@@ -238,10 +239,11 @@ func TestSaveFailureKeepsPreviousRevision(t *testing.T) {
 	sh(t, mp, "echo one > a")
 	first := strings.TrimSpace(e.unmount(mp).stdout)
 	mp = e.mount("sf")
-	sh(t, mp, "echo two > a && ln -s a link")
+	// A name that is not UTF-8: no S3 key or manifest can hold it.
+	sh(t, mp, `echo two > a && touch "$(printf 'bad\377')"`)
 	r := e.unmount(mp)
-	if r.code != 4 || !strings.Contains(r.stderr, "UNSUPPORTED_ENTRY") || !strings.Contains(r.stderr, "link") {
-		t.Fatalf("save with a symlink: %s", r)
+	if r.code != 4 || !strings.Contains(r.stderr, "UNSUPPORTED_ENTRY") || !strings.Contains(r.stderr, `bad\xff`) {
+		t.Fatalf("save with a name that is not UTF-8: %s", r)
 	}
 	if readIndex(t, e, "sf").Current != first {
 		t.Fatal("current changed")
@@ -251,7 +253,7 @@ func TestSaveFailureKeepsPreviousRevision(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(mp, "a")); string(got) != "two\n" {
 		t.Errorf("resumed a = %q", got)
 	}
-	sh(t, mp, "rm link")
+	sh(t, mp, `rm "$(printf 'bad\377')"`)
 	if r := e.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
@@ -262,7 +264,10 @@ func TestStaleMountAfterCrash(t *testing.T) {
 	mp := e.mount("crash")
 	sh(t, mp, "echo unsaved > u && sync")
 	e.crash(mp)
-	if _, err := os.Stat(mp); !strings.Contains(fmt.Sprint(err), "not connected") {
+	// A plain stat may be answered from the kernel's attribute cache;
+	// the daemon's own probe asks the (dead) connection.
+	if !mount.IsDeadMount(mp) {
+		_, err := os.Stat(mp)
 		t.Fatalf("expected a dead mount, got %v", err)
 	}
 	// An unlocked remount also cleans the dead mount and resumes the
@@ -294,7 +299,7 @@ func (e *env) pid(mp string) int {
 func (e *env) kill(mp string, pid int) {
 	e.t.Helper()
 	syscall.Kill(pid, syscall.SIGKILL)
-	waitFor(e.t, func() bool { _, err := os.Stat(mp); return err != nil })
+	waitFor(e.t, func() bool { return mount.IsDeadMount(mp) })
 }
 
 func jsonInt(t *testing.T, s, key string) int {
@@ -411,4 +416,72 @@ func tgzBomb(t *testing.T) []byte {
 		out = append(out, mib...)
 	}
 	return append(out, member(make([]byte, 1024))...) // the end-of-archive blocks
+}
+
+// TestIDsAMLRefuses: every workspace id AML refuses (empty, or changed by
+// JavaScript's trim) exits 2 with INVALID_CONFIG, for mount and for the
+// revisions commands, and writes nothing to the store.
+func TestIDsAMLRefuses(t *testing.T) {
+	e := newEnv(t)
+	for _, id := range []string{" lead", "trail ", " ", "\n", "nbsp\u00a0", "\u3000ideo", "feff\ufeff"} {
+		r := e.mountAt(filepath.Join(e.root, "mnt-bad"), id)
+		if r.code != 2 || !strings.Contains(r.stderr, "INVALID_CONFIG") || !strings.Contains(r.stderr, "AML refuses it") {
+			t.Errorf("mount --id %q: %s", id, r)
+		}
+		if r := e.amlfs(append([]string{"revisions", "list"}, e.storeFlags(id)...)...); r.code != 2 {
+			t.Errorf("revisions list --id %q: %s", id, r)
+		}
+	}
+	if ents, _ := os.ReadDir(e.storeD); len(ents) != 0 {
+		t.Errorf("the store holds %d entries", len(ents))
+	}
+}
+
+// TestMountOverNonEmpty: mounting over files would hide them, so amlfs
+// refuses unless -o nonempty, and then says what it hides.
+func TestMountOverNonEmpty(t *testing.T) {
+	e := newEnv(t)
+	mp := filepath.Join(e.root, "mnt-nonempty")
+	must(t, os.MkdirAll(mp, 0o755))
+	must(t, os.WriteFile(filepath.Join(mp, "hidden.txt"), nil, 0o644))
+	r := e.mountAt(mp, "nonempty")
+	if r.code != 2 || !strings.Contains(r.stderr, "not empty") || !strings.Contains(r.stderr, "-o nonempty") {
+		t.Errorf("mount over a non-empty directory: %s", r)
+	}
+	r = e.mountAt(mp, "nonempty", "-o", "nonempty")
+	if r.code != 0 || !strings.Contains(r.stderr, "hidden.txt") {
+		t.Errorf("mount -o nonempty over a non-empty directory: %s", r)
+	}
+}
+
+// TestCheckFuseAsUser: as a user other than root, `amlfs check` reports
+// FUSE ok only if the setuid fusermount3 is there to mount for it, and
+// otherwise says to install fuse3.
+func TestCheckFuseAsUser(t *testing.T) {
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("setpriv (util-linux) is missing")
+		}
+		t.Skip("setpriv (util-linux) is missing")
+	}
+	dir, err := os.MkdirTemp("", "amlfs-check-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	must(t, os.Chmod(dir, 0o755))
+	bin := filepath.Join(dir, "amlfs")
+	data, err := os.ReadFile(amlfsBin)
+	must(t, err)
+	must(t, os.WriteFile(bin, data, 0o755))
+	cmd := exec.Command("setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "env", "HOME="+dir, "XDG_RUNTIME_DIR=",
+		bin, "check", "--store", "file://"+filepath.Join(dir, "store"), "--json")
+	out, _ := cmd.CombinedOutput()
+	want := `"detail": "/dev/fuse is present, but a user other than root mounts through the setuid fusermount3, which is missing: apt-get install fuse3"`
+	if p, err := exec.LookPath("fusermount3"); err == nil {
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSetuid != 0 {
+			want = `mounts for this user"`
+		}
+	}
+	if !strings.Contains(string(out), want) {
+		t.Errorf("check as uid 4242: want %s in\n%s", want, out)
+	}
 }

@@ -1,8 +1,12 @@
 package integration
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -308,5 +312,91 @@ func TestLiveMountFailsAlone(t *testing.T) {
 	}
 	if r := e.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
+	}
+}
+
+// A shell that enters a directory it just made on a host mount keeps a
+// working directory: the host's fsnotify events for changes made through
+// the mount drop attributes, never the entry, which would unhash the
+// directory and make getcwd fail (prove and File::Find could not start).
+func TestLiveHostGetcwd(t *testing.T) {
+	e := newEnv(t)
+	host := filepath.Join(e.root, "host")
+	must(t, os.Mkdir(host, 0o755))
+	mp := e.mount("cwd", "--mount", "/shared=file://"+host)
+	for i := range 100 {
+		d := filepath.Join(mp, "shared", fmt.Sprint("d", i))
+		must(t, os.Mkdir(d, 0o755))
+		cmd := exec.Command("sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do /bin/pwd || exit 1; sleep 0.01; done")
+		cmd.Dir = d
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.Count(string(out), d+"\n") != 10 {
+			t.Fatalf("pwd in a new directory %s: %v %q", d, err, out)
+		}
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}
+
+// TestLiveDirentIno lists directories that hold live mounts: each entry's
+// d_ino is the inode number lstat gives for the name (find, du, git and
+// os.scandir trust the two to agree), for a mount at the root and one
+// deeper down, before and after either was looked up.
+func TestLiveDirentIno(t *testing.T) {
+	e := newEnv(t)
+	host := filepath.Join(e.root, "host")
+	deep := filepath.Join(e.root, "deep")
+	must(t, os.Mkdir(host, 0o755))
+	must(t, os.Mkdir(deep, 0o755))
+	mp := e.mount("dino", "--mount", "/shared=file://"+host, "--mount", "/a/b/deep=file://"+deep)
+	sh(t, mp, "echo x > file && mkdir -p dir a/b/c && echo y > a/b/f")
+	for _, dir := range []string{"", "a/b", "", "a/b"} { // the second round after the lookups
+		ents := direntInos(t, filepath.Join(mp, dir))
+		for name, ino := range ents {
+			var st syscall.Stat_t
+			must(t, syscall.Lstat(filepath.Join(mp, dir, name), &st))
+			if st.Ino != ino {
+				t.Errorf("%s: d_ino %d, lstat st_ino %d", filepath.Join(dir, name), ino, st.Ino)
+			}
+		}
+		for _, want := range map[string][]string{"": {"shared", "file", "dir", "a"}, "a/b": {"deep", "c", "f"}}[dir] {
+			if _, ok := ents[want]; !ok {
+				t.Errorf("%s lists no %s: %v", dir, want, ents)
+			}
+		}
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}
+
+// direntInos reads dir with getdents64 and returns each name's d_ino.
+func direntInos(t *testing.T, dir string) map[string]uint64 {
+	t.Helper()
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	must(t, err)
+	defer syscall.Close(fd)
+	out := map[string]uint64{}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := syscall.Getdents(fd, buf)
+		must(t, err)
+		if n == 0 {
+			return out
+		}
+		for b := buf[:n]; len(b) > 0; {
+			// struct linux_dirent64: ino u64, off s64, reclen u16, type u8, name.
+			ino := binary.NativeEndian.Uint64(b[0:8])
+			reclen := binary.NativeEndian.Uint16(b[16:18])
+			name := b[19:reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if s := string(name); s != "." && s != ".." {
+				out[s] = ino
+			}
+			b = b[reclen:]
+		}
 	}
 }

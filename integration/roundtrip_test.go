@@ -66,13 +66,37 @@ func checkAMLStore(t *testing.T, root string) *revision.Index {
 		if n != files {
 			t.Errorf("files/ holds %d files, manifest %d", n, files)
 		}
-		var raw map[string]any
-		json.Unmarshal(mdata, &raw)
-		if len(raw) != 2 {
-			t.Errorf("manifest has extra keys: %s", mdata[:min(len(mdata), 200)])
-		}
+		checkAMLManifest(t, e.Path, mdata)
 	}
 	return idx
+}
+
+// checkAMLManifest holds a manifest to AML's parser: version 1, and
+// entries of type file or directory only, each with mode, path, size and
+// type. Any other key (amlfs's "amlfs" extension, "mtime" on entries) is
+// one AML ignores.
+func checkAMLManifest(t *testing.T, what string, data []byte) {
+	t.Helper()
+	var raw struct {
+		Entries []map[string]any `json:"entries"`
+		Version any              `json:"version"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if raw.Version != float64(1) {
+		t.Errorf("%s: version %v", what, raw.Version)
+	}
+	for _, e := range raw.Entries {
+		if e["type"] != "file" && e["type"] != "directory" {
+			t.Errorf("%s: AML's parser refuses entry %v", what, e)
+		}
+		for _, k := range []string{"mode", "path", "size", "type"} {
+			if _, ok := e[k]; !ok {
+				t.Errorf("%s: entry %v lacks %s", what, e, k)
+			}
+		}
+	}
 }
 
 func TestRoundTrip(t *testing.T) { forEachStore(t, testRoundTrip) }

@@ -74,7 +74,7 @@ func TestToolAndShellSeeOneTree(t *testing.T) {
 	for _, dir := range []string{"", "host"} {
 		t.Run("dir="+dir, func(t *testing.T) {
 			p := filepath.Join(mp, dir, "f.txt")
-			rel := filepath.Join("/", dir, "f.txt")
+			rel := p // the shell's path: tool calls take it as is
 			sh(t, mp, fmt.Sprintf("echo start > %s && cat %s >/dev/null && stat %s >/dev/null", p, p, p))
 			for _, content := range []string{"grown to a much longer line than before\n", "short\n"} {
 				tool(t, cl, "write_file", map[string]any{"path": rel, "content": content})
@@ -252,14 +252,7 @@ func TestMCPServer(t *testing.T) {
 	sh(t, mp, "mkdir -p src && printf 'package main\\n// TODO one\\n' > src/main.go")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.Command(amlfsBin, "mcp", mp)
-	cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
-	client := mcp.NewClient(&mcp.Implementation{Name: "amlfs-test", Version: "1"}, nil)
-	sess, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
+	sess := mcpSession(t, ctx, mp, append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime))
 	list, err := sess.ListTools(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -269,6 +262,11 @@ func TestMCPServer(t *testing.T) {
 		names = append(names, tl.Name)
 		if tl.Description == "" || tl.InputSchema == nil {
 			t.Errorf("%s has no description or schema", tl.Name)
+		}
+		a := tl.Annotations
+		ro := tl.Name == "read_file" || tl.Name == "list_files" || tl.Name == "file_stat" || tl.Name == "grep"
+		if a == nil || a.ReadOnlyHint != ro || a.DestructiveHint == nil || *a.DestructiveHint != (tl.Name == "write_file" || tl.Name == "edit_file" || tl.Name == "delete") {
+			t.Errorf("%s annotations %+v", tl.Name, a)
 		}
 	}
 	sort.Strings(names)
@@ -288,10 +286,10 @@ func TestMCPServer(t *testing.T) {
 		args map[string]any
 		want string
 	}{
-		{"write_file", map[string]any{"path": "/notes/a.md", "content": "hello\n"}, `"size":6`},
+		{"write_file", map[string]any{"path": filepath.Join(mp, "notes/a.md"), "content": "hello\n"}, `"size":6`},
 		{"read_file", map[string]any{"path": "notes/a.md"}, `"content":"hello\n"`},
 		{"edit_file", map[string]any{"path": "notes/a.md", "old_text": "hello", "new_text": "bye"}, `"size":4`},
-		{"list_files", map[string]any{"path": "/", "depth": 0, "pattern": "**/*.md"}, `"/notes/a.md"`},
+		{"list_files", map[string]any{"path": mp, "depth": 0, "pattern": "**/*.md"}, `"` + filepath.Join(mp, "notes/a.md") + `"`},
 		{"file_stat", map[string]any{"path": "src/main.go"}, `"type":"file"`},
 		{"mkdir", map[string]any{"path": "x/y"}, `"created":true`},
 		{"grep", map[string]any{"pattern": "TODO \\w+", "glob": "**/*.go"}, `"text":"// TODO one"`},
@@ -311,4 +309,168 @@ func TestMCPServer(t *testing.T) {
 	}
 	sess.Close()
 	e.unmount(mp)
+}
+
+// A write_file whose arguments are over the bound answers TOO_LARGE, not a
+// JSON error, and writes nothing.
+func TestToolWriteTooLarge(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("toolbig")
+	cl := toolClient(t, e, mp)
+	_, err := toolErr(cl, "write_file", map[string]any{"path": "big.bin", "content": strings.Repeat("x", tools.MaxArgsBytes+10)})
+	if err == nil || !strings.Contains(err.Error(), tools.CodeTooLarge) {
+		t.Errorf("write_file over the bound: %v", err)
+	}
+	if fileExists(filepath.Join(mp, "big.bin")) {
+		t.Error("a refused write_file made the file")
+	}
+	e.unmount(mp, "--no-save")
+}
+
+// On a mount where every path is read-only, MCP lists only the tools that
+// change nothing.
+func TestMCPReadOnlyMount(t *testing.T) {
+	e := newEnv(t)
+	host := t.TempDir()
+	e.store = "none"
+	mp := e.mount("mcp-ro", "--mount", "/ref=file://"+host+",ro")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sess := mcpSession(t, ctx, mp, append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime))
+	list, err := sess.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range list.Tools {
+		names = append(names, tl.Name)
+	}
+	sort.Strings(names)
+	if want := "file_stat grep list_files read_file"; strings.Join(names, " ") != want {
+		t.Errorf("tools on an all-read-only mount %v, want %s", names, want)
+	}
+}
+
+// amlfs mcp finds its daemon from the mountpoint alone, in an empty
+// environment (as the TypeScript SDK's StdioClientTransport starts it):
+// the mount root names the control socket in a virtual xattr.
+func TestMCPEmptyEnvironment(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("mcp-env")
+	sh(t, mp, "echo hi > a.txt")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sess := mcpSession(t, ctx, mp, []string{})
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "read_file", Arguments: map[string]any{"path": "a.txt"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, `"content":"hi\n"`) {
+		t.Fatalf("read_file through an MCP server with an empty environment: %v %+v", err, res)
+	}
+}
+
+// A recursive delete that would stop half-way (at a live mount's root, or
+// on a read-only mount) removes nothing; inside a read-write live mount it
+// works.
+func TestToolDeleteAllOrNothing(t *testing.T) {
+	e := newEnv(t)
+	host, host2, ro := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, d := range []string{host, host2, ro} {
+		must(t, os.MkdirAll(filepath.Join(d, "sub"), 0o755))
+		must(t, os.WriteFile(filepath.Join(d, "sub", "f"), []byte("x"), 0o644))
+	}
+	mp := e.mount("delete", "--mount", "/host=file://"+host, "--mount", "/outer/data=file://"+host2, "--mount", "/ro=file://"+ro+",ro")
+	sh(t, mp, "echo keep > outer/keep.txt")
+	cl := toolClient(t, e, mp)
+	for _, c := range []struct{ path, code string }{
+		{"host", "EBUSY"}, {"outer", "EBUSY"}, {"outer/data", "EBUSY"}, {"ro/sub", "EROFS"},
+	} {
+		_, err := toolErr(cl, "delete", map[string]any{"path": c.path, "recursive": true})
+		if err == nil || !strings.Contains(err.Error(), c.code) {
+			t.Errorf("delete %s: %v, want %s", c.path, err, c.code)
+		}
+	}
+	for _, p := range []string{filepath.Join(host, "sub", "f"), filepath.Join(host2, "sub", "f"), filepath.Join(ro, "sub", "f"), filepath.Join(mp, "outer", "keep.txt")} {
+		if !fileExists(p) {
+			t.Errorf("a refused delete removed %s", p)
+		}
+	}
+	if m := tool(t, cl, "delete", map[string]any{"path": "host/sub", "recursive": true}); m["removed"] != 2.0 || fileExists(filepath.Join(host, "sub")) {
+		t.Errorf("delete inside a read-write live mount: %v", m)
+	}
+	e.unmount(mp, "--no-save")
+}
+
+// The official TypeScript SDK's client, with StdioClientTransport's default
+// environment, lists the tools with their annotations and calls one.
+func TestMCPTypeScriptClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err == nil {
+		_, err = exec.LookPath("npm")
+	}
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("node and npm are missing; .ci/run must install them")
+		}
+		t.Skip("node and npm are missing")
+	}
+	// The SDK, installed once into the tool cache.
+	home, _ := os.UserHomeDir()
+	dir := filepath.Join(home, ".cache", "amlfs-tools", "mcp-ts")
+	if !fileExists(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")) {
+		must(t, os.MkdirAll(dir, 0o755))
+		install := exec.Command("npm", "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", dir, "@modelcontextprotocol/sdk@1")
+		install.Env = append(os.Environ(), "AWS_CA_BUNDLE=")
+		if out, err := install.CombinedOutput(); err != nil {
+			t.Fatalf("npm install @modelcontextprotocol/sdk: %v\n%s", err, out)
+		}
+	}
+	script, err := os.ReadFile(filepath.Join("testdata", "mcp-client.mjs"))
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(dir, "client.mjs"), script, 0o644))
+	e := newEnv(t)
+	mp := e.mount("mcp-ts")
+	sh(t, mp, "echo from-ts > a.txt")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"), amlfsBin, mp, filepath.Join(mp, "a.txt"))
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("the TypeScript client: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatal(err)
+	}
+	var got struct {
+		Tools []struct {
+			Name        string
+			ReadOnly    bool
+			Destructive bool
+		}
+		Read    string
+		IsError bool
+	}
+	must(t, json.Unmarshal(out, &got))
+	if len(got.Tools) != 8 || got.IsError || !strings.Contains(got.Read, `"content":"from-ts\n"`) {
+		t.Errorf("the TypeScript client got %s", out)
+	}
+	for _, tl := range got.Tools {
+		if tl.Name == "delete" && (!tl.Destructive || tl.ReadOnly) || tl.Name == "read_file" && !tl.ReadOnly {
+			t.Errorf("annotations of %s: %+v", tl.Name, tl)
+		}
+	}
+}
+
+// mcpSession starts `amlfs mcp mp` with env and connects a go-sdk client
+// to it, closed at the test's end.
+func mcpSession(t *testing.T, ctx context.Context, mp string, env []string) *mcp.ClientSession {
+	t.Helper()
+	cmd := exec.Command(amlfsBin, "mcp", mp)
+	cmd.Env = env
+	sess, err := mcp.NewClient(&mcp.Implementation{Name: "amlfs-test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sess.Close() })
+	return sess
 }

@@ -7,7 +7,8 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"syscall"
+	"os/exec"
+	"strings"
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision"
@@ -55,6 +56,7 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 		return r, err
 	}
 	r.add("config", "ok", "flags and globs are valid")
+	checkAccess(&r, cfg.Access, os.Geteuid() == 0)
 	spec, _ := ParseStore(cfg.Store)
 	if spec.Kind == "file" {
 		r.add("store locality", "warn", "%s is a local directory: it will not survive this host, and other hosts cannot reach it", cfg.Store)
@@ -95,13 +97,19 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		r.add("fuse", "fail", "/dev/fuse: %v (a container needs --device /dev/fuse and CAP_SYS_ADMIN)", err)
+	} else if os.Geteuid() == 0 {
+		r.add("fuse", "ok", "/dev/fuse is present; as root amlfs mounts it directly")
+	} else if p, err := fusermountPath(); err != nil {
+		r.add("fuse", "fail", "/dev/fuse is present, but a user other than root mounts through the setuid fusermount3, which is missing: apt-get install fuse3")
+	} else if fi, err := os.Stat(p); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+		r.add("fuse", "fail", "%s is not setuid root, so it cannot mount for a user other than root", p)
 	} else {
-		r.add("fuse", "ok", "/dev/fuse is present")
+		r.add("fuse", "ok", "/dev/fuse is present, and %s mounts for this user", p)
 	}
 	if mp != "" {
 		_, err := os.Stat(cfg.Mountpoint)
 		switch {
-		case errors.Is(err, syscall.ENOTCONN):
+		case IsDeadMount(cfg.Mountpoint):
 			r.add("mountpoint", "warn", "%s is a dead mount; mount will clean it", cfg.Mountpoint)
 		case errors.Is(err, os.ErrNotExist):
 			r.add("mountpoint", "ok", "%s does not exist; mount will create it", cfg.Mountpoint)
@@ -124,6 +132,33 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 		return r, errors.New("preflight found problems")
 	}
 	return r, nil
+}
+
+// checkAccess says who can reach the mount, and what that needs.
+func checkAccess(r *CheckReport, a Access, root bool) {
+	switch {
+	case a.AllowOther && !a.DefaultPermissions:
+		r.add("access", "warn", "%s", a)
+	case a.AllowOther && !root && !userAllowOther():
+		r.add("access", "fail", "%s: a non-root mount needs user_allow_other in /etc/fuse.conf", a)
+	default:
+		r.add("access", "ok", "%s", a)
+	}
+}
+
+// userAllowOther reports whether /etc/fuse.conf lets non-root users mount
+// with allow_other.
+func userAllowOther() bool {
+	b, err := os.ReadFile("/etc/fuse.conf")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) == "user_allow_other" {
+			return true
+		}
+	}
+	return false
 }
 
 // checkIndex reports whether the workspace's index loads.
@@ -155,4 +190,14 @@ func isLocalURL(raw string) bool {
 	}
 	ip := net.ParseIP(h)
 	return ip != nil && ip.IsLoopback()
+}
+
+// fusermountPath finds the helper go-fuse mounts with when not root.
+func fusermountPath() (string, error) {
+	for _, bin := range []string{"fusermount3", "fusermount"} {
+		if p, err := exec.LookPath(bin); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("no fusermount3 or fusermount on PATH")
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/fuse"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
 )
@@ -52,6 +54,10 @@ type Config struct {
 	DiscardUnsaved bool
 	CacheDir       string
 	FuseOptions    []string
+	// Access is who may reach the mount, settled from FuseOptions by
+	// Normalize; fuseOptions are the options FUSE gets for it.
+	Access      Access
+	fuseOptions []string
 	// Timeout is the kernel entry/attr cache time (0: the default).
 	Timeout time.Duration
 	S3      S3Options
@@ -72,12 +78,56 @@ type Config struct {
 	CacheSizeText string
 	// MetadataTTL is how long S3 live mounts trust listings and metadata.
 	MetadataTTL time.Duration
+	// StrictEntries fails a save that meets a special file.
+	StrictEntries bool
+	// SandboxPath is where the sandbox sees the mount (the mountpoint if
+	// empty): tool calls take and give paths under it.
+	SandboxPath string
+	// ToolTimeout bounds one file-tool call (DefaultToolTimeout if 0).
+	ToolTimeout time.Duration
+	// Limits bound a revision, on save and on load; MaxEntries and the
+	// size texts ("1GiB") are the flags, parsed into it by Normalize (zero
+	// or empty: AML's defaults).
+	Limits              revision.Limits
+	MaxEntries          int
+	MaxBytesText        string
+	MaxArchiveBytesText string
+}
+
+// ParseLimits reads --max-entries, --max-bytes and --max-archive-bytes; a
+// zero or empty value is AML's default.
+func ParseLimits(entries int, bytes, archive string) (revision.Limits, error) {
+	lim := revision.DefaultLimits
+	if entries < 0 {
+		return lim, invalid(fmt.Sprint(entries), "--max-entries must be positive")
+	}
+	if entries > 0 {
+		lim.Entries = entries
+	}
+	for _, f := range []struct {
+		name, text string
+		dst        *int64
+	}{{"max-bytes", bytes, &lim.ExtractedBytes}, {"max-archive-bytes", archive, &lim.ArchiveBytes}} {
+		if f.text == "" {
+			continue
+		}
+		n, err := ParseSize(f.text)
+		if err == nil && n <= 0 {
+			err = errors.New("must be positive")
+		}
+		if err != nil {
+			return lim, invalid(f.text, "--%s: %v", f.name, err)
+		}
+		*f.dst = n
+	}
+	return lim, nil
 }
 
 // Defaults of the S3 live mounts.
 const (
 	DefaultCacheSize   = 10 << 30
 	DefaultMetadataTTL = time.Minute
+	DefaultToolTimeout = 30 * time.Second
 )
 
 func invalid(subject, format string, args ...any) error {
@@ -115,6 +165,11 @@ func (c *Config) Normalize() error {
 	c.Mountpoint = mp
 	if c.Store == "" {
 		c.Store = DefaultStore()
+	}
+	if c.ID != "" {
+		if err := revision.ValidateID(c.ID); err != nil {
+			return err
+		}
 	}
 	if c.Load == "" {
 		c.Load = "current"
@@ -167,6 +222,12 @@ func (c *Config) Normalize() error {
 			return err
 		}
 	}
+	if c.fuseOptions, c.Access, err = fuseAccess(c.FuseOptions, os.Geteuid() == 0); err != nil {
+		return err
+	}
+	if err := fuse.CheckOwnerOptions(c.FuseOptions); err != nil {
+		return invalid(strings.Join(c.FuseOptions, ","), "-o: %v (uid= and gid= take a number, umask= an octal mode)", err)
+	}
 	if c.Live, err = ParseMounts(c.Mounts); err != nil {
 		return err
 	}
@@ -180,6 +241,18 @@ func (c *Config) Normalize() error {
 	}
 	if c.CacheSize < 1<<20 {
 		return invalid(fmt.Sprint(c.CacheSize), "--cache-size must be at least 1MiB")
+	}
+	if c.ToolTimeout == 0 {
+		c.ToolTimeout = DefaultToolTimeout
+	}
+	if c.ToolTimeout < 0 {
+		return invalid(c.ToolTimeout.String(), "--tool-timeout must be positive")
+	}
+	if c.SandboxPath != "" && !filepath.IsAbs(c.SandboxPath) {
+		return invalid(c.SandboxPath, "--sandbox-path must be absolute, such as /workspace")
+	}
+	if c.Limits, err = ParseLimits(c.MaxEntries, c.MaxBytesText, c.MaxArchiveBytesText); err != nil {
+		return err
 	}
 	if c.MetadataTTL == 0 {
 		c.MetadataTTL = DefaultMetadataTTL

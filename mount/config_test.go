@@ -104,3 +104,16 @@ func FuzzParseSize(f *testing.F) {
 		}
 	})
 }
+
+func TestBadOwnerOptionRefusedEarly(t *testing.T) {
+	for _, o := range []string{"uid=abc", "gid=-1", "umask=999", "uid=1,gid=x"} {
+		c := Config{Mountpoint: "/mnt/x", Store: "file:///s", FuseOptions: strings.Split(o, ",")}
+		if err := c.Normalize(); amlerr.Code(err) != amlerr.InvalidConfig {
+			t.Errorf("-o %s: %v", o, err)
+		}
+	}
+	c := Config{Mountpoint: "/mnt/x", Store: "file:///s", FuseOptions: []string{"uid=1000", "gid=1000", "umask=022"}}
+	if err := c.Normalize(); err != nil {
+		t.Error(err)
+	}
+}

@@ -15,7 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/tools"
 )
 
@@ -109,21 +112,24 @@ func decodeBody(r *http.Request, v any) error {
 }
 
 func (d *Daemon) serveControl() (*control, error) {
-	path := SocketPath(d.cfg.Mountpoint)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	if _, err := EnsureRuntimeDir(); err != nil {
 		return nil, err
 	}
+	path := SocketPath(d.cfg.Mountpoint)
 	// A socket left by a crashed daemon refuses connections; replace it.
 	if conn, err := net.Dial("unix", path); err == nil {
 		conn.Close()
 		return nil, invalid(d.cfg.Mountpoint, "another amlfs daemon is serving this mountpoint (%s)", path)
 	}
 	os.Remove(path)
+	// Bound under umask 077: the socket is 0600 from its first instant,
+	// with no window in which another user could connect.
+	old := unix.Umask(0o077)
 	ln, err := net.Listen("unix", path)
+	unix.Umask(old)
 	if err != nil {
 		return nil, err
 	}
-	os.Chmod(path, 0o600)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, d.Status())
@@ -179,17 +185,25 @@ func (d *Daemon) serveControl() (*control, error) {
 		}
 		writeJSON(w, http.StatusOK, map[string][]string{"refreshed": done})
 	})
-	tfs := tools.New(d.cfg.Mountpoint)
+	tfs := tools.New(d.cfg.Mountpoint, d.cfg.SandboxPath)
 	mux.HandleFunc("GET /v1/tools", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, tools.Tools)
 	})
 	mux.HandleFunc("POST /v1/tools/{name}", func(w http.ResponseWriter, r *http.Request) {
-		args, err := io.ReadAll(io.LimitReader(r.Body, tools.MaxReadBytes*2))
+		// Arguments beyond the bound (a write_file of base64 content over
+		// MaxReadBytes, say) are TOO_LARGE, not a truncated JSON error.
+		args, err := io.ReadAll(io.LimitReader(r.Body, tools.MaxArgsBytes+1))
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		out, err := tfs.Call(r.Context(), r.PathValue("name"), args)
+		if len(args) > tools.MaxArgsBytes {
+			writeToolErr(w, &tools.Error{Code: tools.CodeTooLarge, Message: fmt.Sprintf("the call's arguments are over %d bytes: write large files in parts, or through the shell", tools.MaxArgsBytes)})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), d.cfg.ToolTimeout)
+		defer cancel()
+		out, err := tfs.Call(ctx, r.PathValue("name"), args)
 		if err != nil {
 			writeToolErr(w, err)
 			return
@@ -217,8 +231,20 @@ func NewClient(mountpoint string) (*Client, error) {
 		return nil, err
 	}
 	path := SocketPath(mp)
+	if _, err := os.Lstat(path); err != nil {
+		// Another runtime dir (a client started with an empty
+		// environment): the mount itself names its daemon's socket.
+		if p, ok := socketFromMount(mp); ok {
+			path = p
+		}
+	}
 	return &Client{path: path, http: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			// A socket in a runtime dir others could write to may be
+			// anyone's: never talk to it.
+			if _, err := os.Lstat(RuntimeDir()); err == nil && !runtimeDirTrusted() {
+				return nil, trustDir(RuntimeDir())
+			}
 			var dl net.Dialer
 			return dl.DialContext(ctx, "unix", path)
 		},
@@ -309,4 +335,21 @@ func (c *Client) Refresh(ctx context.Context, path string) ([]string, error) {
 	}
 	err := c.do(ctx, http.MethodPost, "/v1/refresh", map[string]any{"path": path}, &out)
 	return out.Refreshed, err
+}
+
+// socketFromMount asks the mount root for its daemon's control socket
+// (fuse.ControlXattr), and takes the answer only if it is a socket this
+// user owns.
+func socketFromMount(mp string) (string, bool) {
+	buf := make([]byte, 4096)
+	n, err := unix.Getxattr(mp, fuse.ControlXattr, buf)
+	if err != nil || n == 0 {
+		return "", false
+	}
+	p := string(buf[:n])
+	var st unix.Stat_t
+	if unix.Lstat(p, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK || int(st.Uid) != os.Geteuid() {
+		return "", false
+	}
+	return p, true
 }

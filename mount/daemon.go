@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +27,8 @@ import (
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 )
 
 // Daemon is one running mount.
@@ -40,14 +44,20 @@ type Daemon struct {
 
 	saveMu sync.Mutex // serializes saves; baseRev and baseMark change only under it and mu
 
-	mu        sync.Mutex // guards the fields below; never held across I/O, so status answers during a save
-	baseRev   string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
-	baseMark  int64      // GUARDED_BY(mu): fs.Changes() when baseRev was taken; -1 forces a save
-	lastSave  *SaveInfo  // GUARDED_BY(mu)
-	phase     string     // GUARDED_BY(mu)
-	stopping  bool       // GUARDED_BY(mu)
-	stopReqs  chan stopRequest
-	startedAt time.Time
+	mu       sync.Mutex // guards the fields below; never held across I/O, so status answers during a save
+	baseRev  string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
+	baseMark int64      // GUARDED_BY(mu): fs.Changes() when baseRev was taken; -1 forces a save
+	// resumed, for a tree resumed from an earlier run and not saved since,
+	// is what its state file said of the index then; kept in the state
+	// file until a save succeeds (GUARDED_BY(mu)).
+	resumed *workState
+	// publishing is the revision a save under way may publish (GUARDED_BY(mu)).
+	publishing string
+	lastSave   *SaveInfo // GUARDED_BY(mu)
+	phase      string    // GUARDED_BY(mu)
+	stopping   bool      // GUARDED_BY(mu)
+	stopReqs   chan stopRequest
+	startedAt  time.Time
 
 	restoredBytes  atomic.Int64   // the bytes of the last restore, from its progress
 	nextSaveReport atomicDuration // when a running save next logs its progress
@@ -67,11 +77,44 @@ type SaveInfo struct {
 	Bytes    int64     `json:"bytes"`
 	// Uploaded files (and their bytes) went to the store; Reused ones were
 	// linked or copied server-side from the previous revision.
-	Uploaded      int     `json:"uploaded"`
-	UploadedBytes int64   `json:"uploadedBytes"`
-	Reused        int     `json:"reused"`
-	Seconds       float64 `json:"seconds"`
-	Skipped       bool    `json:"skipped,omitempty"`
+	Uploaded      int   `json:"uploaded"`
+	UploadedBytes int64 `json:"uploadedBytes"`
+	Reused        int   `json:"reused"`
+	// BaseGone counts unchanged files whose object in the base revision
+	// was gone (pruned by another writer), uploaded from the tree instead.
+	BaseGone int `json:"baseGone"`
+	Symlinks int `json:"symlinks"`
+	// SpecialFilesSkipped counts the sockets, fifos and device nodes the
+	// save left out; SpecialFiles names the first maxListed of them.
+	SpecialFilesSkipped int      `json:"specialFilesSkipped"`
+	SpecialFiles        []string `json:"specialFiles,omitempty"`
+	Seconds             float64  `json:"seconds"`
+	Skipped             bool     `json:"skipped,omitempty"`
+	// Warning is what the user must know of this save, if anything.
+	Warning string `json:"warning,omitempty"`
+}
+
+// maxListed bounds the paths a SaveInfo lists.
+const maxListed = 100
+
+// Note is a line for the user about what the save left out, or "".
+func (s *SaveInfo) Note() string {
+	if s != nil && s.Warning != "" {
+		return s.Warning
+	}
+	if s == nil || s.SpecialFilesSkipped == 0 {
+		return ""
+	}
+	more := ""
+	if n := s.SpecialFilesSkipped - len(s.SpecialFiles); n > 0 {
+		more = fmt.Sprintf(" and %d more", n)
+	}
+	plural := "s"
+	if s.SpecialFilesSkipped == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("revision %s left out %d special file%s (sockets, fifos, devices), which no revision can hold: %s%s (--strict-entries fails the save instead)",
+		s.Revision, s.SpecialFilesSkipped, plural, strings.Join(s.SpecialFiles, ", "), more)
 }
 
 // Status is what `amlfs status` reports.
@@ -135,7 +178,17 @@ type workState struct {
 	ID      string `json:"id"`
 	Store   string `json:"store"`
 	BaseRev string `json:"baseRevision"`
-	PID     int    `json:"pid"`
+	// BaseVersion is the index version when BaseRev was restored or
+	// saved: a resumed tree publishes only over that index (nil in state
+	// files from before it was kept).
+	BaseVersion *string `json:"baseVersion,omitempty"`
+	// IndexCurrent is the current revision the index named then (BaseRev
+	// unless --load chose an older one).
+	IndexCurrent *string `json:"indexCurrent,omitempty"`
+	// Publishing is the revision a save was publishing when the state was
+	// written: if it is current at the next mount, the tree published it.
+	Publishing string `json:"publishing,omitempty"`
+	PID        int    `json:"pid"`
 }
 
 // Hooks let the caller follow a daemon's start.
@@ -161,6 +214,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	if hooks.Notify == nil {
 		hooks.Notify = func(string) {}
 	}
+	raiseFileLimit(log)
 	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting",
 		metrics: metrics.New()}
 	d.cfg.S3.Observe = d.metrics.S3Request
@@ -206,7 +260,7 @@ func (d *Daemon) setPhase(p string) {
 
 func (d *Daemon) start(ctx context.Context) error {
 	cfg := &d.cfg
-	if err := prepareMountpoint(cfg.Mountpoint, d.notify); err != nil {
+	if err := prepareMountpoint(cfg.Mountpoint, slices.Contains(cfg.FuseOptions, "nonempty"), d.notify); err != nil {
 		return err
 	}
 	if cfg.Store == StoreNone {
@@ -234,7 +288,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
-		LazyRestore: cfg.Restore == "lazy", Progress: d.progress, Log: wlog})
+		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog})
 	if err != nil {
 		return err
 	}
@@ -260,8 +314,8 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
-		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.FuseOptions,
+	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
 		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics,
 	})
 	if err != nil {
@@ -274,7 +328,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.phase = "serving"
 	d.mu.Unlock()
-	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "passthrough", fsys.Passthrough())
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
 	return nil
 }
 
@@ -290,6 +344,12 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The read-only root holds only the live mounts' prefixes: everyone
+	// who may reach the mount may traverse it, as / is 0755.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
 	d.workDir = dir
 	d.baseMark = 0
 	syscall.Umask(0)
@@ -298,8 +358,8 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 		os.RemoveAll(dir)
 		return err
 	}
-	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{
-		Dir: dir, FsName: "amlfs:none", MountOptions: cfg.FuseOptions, ReadOnlyRoot: true,
+	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+		Dir: dir, FsName: "amlfs:none", MountOptions: cfg.fuseOptions, ReadOnlyRoot: true,
 		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live, Ops: d.metrics,
 	})
 	if err != nil {
@@ -308,7 +368,7 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 	}
 	d.fs = fsys
 	d.setPhase("serving")
-	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "store", StoreNone, "mounts", len(live), "passthrough", fsys.Passthrough())
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "store", StoreNone, "mounts", len(live), "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
 	return nil
 }
 
@@ -326,6 +386,36 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 			} else if err == nil {
 				d.notify("resuming unsaved work left by an earlier run (pid %d, based on revision %q) in %s; it will be saved as a new revision", prev.PID, prev.BaseRev, d.workDir)
 				d.baseRev, d.baseMark = prev.BaseRev, -1
+				ver, was := "", prev.BaseRev
+				if prev.BaseVersion != nil {
+					ver = *prev.BaseVersion
+				}
+				if prev.IndexCurrent != nil {
+					was = *prev.IndexCurrent
+				}
+				known := prev.BaseVersion != nil
+				if idx := d.ws.Index(); prev.Publishing != "" && idx != nil && idx.Current == prev.Publishing {
+					// The earlier run's own save published, and it died
+					// before it could say so: the tree is that revision
+					// plus whatever changed since (its baseMark is -1, so
+					// it saves again).
+					was, ver, known = prev.Publishing, "", false
+					d.log.Info("the resumed tree's own save had published before the earlier run stopped", "revision", prev.Publishing)
+				}
+				d.ws.ExpectBase(was, ver, known)
+				d.mu.Lock()
+				d.resumed = &workState{IndexCurrent: &was}
+				if known {
+					d.resumed.BaseVersion = prev.BaseVersion
+				}
+				d.mu.Unlock()
+				if idx := d.ws.Index(); (idx == nil && was != "") || (idx != nil && idx.Current != was) {
+					cur := "(none)"
+					if idx != nil {
+						cur = idx.Current
+					}
+					d.notify("warning: the resumed tree was made when revision %q was current, but %q is current now: another writer published since, so saving it will fail with AML_PUBLISH_CONFLICT. Mount with --discard-unsaved to restore the current revision instead", was, cur)
+				}
 				if n, err := d.ws.ResumePending(d.workDir, cfg.Selection()); err != nil {
 					return err
 				} else if n > 0 {
@@ -367,7 +457,18 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 // writeState records that the working tree may hold unsaved work. It is
 // removed once the tree is saved and dropped at a clean stop.
 func (d *Daemon) writeState() error {
-	data, _ := json.Marshal(workState{ID: d.cfg.ID, Store: d.ws.Store().String(), BaseRev: d.baseRev, PID: os.Getpid()})
+	ver, cur := d.ws.Version(), ""
+	if idx := d.ws.Index(); idx != nil {
+		cur = idx.Current
+	}
+	st := workState{ID: d.cfg.ID, Store: d.ws.Store().String(), BaseRev: d.baseRev, BaseVersion: &ver, IndexCurrent: &cur, PID: os.Getpid()}
+	d.mu.Lock()
+	if r := d.resumed; r != nil {
+		st.BaseVersion, st.IndexCurrent = r.BaseVersion, r.IndexCurrent
+	}
+	st.Publishing = d.publishing
+	d.mu.Unlock()
+	data, _ := json.Marshal(st)
 	return atomicfile.Write(d.state, "", data, 0o600)
 }
 
@@ -413,15 +514,14 @@ func (d *Daemon) cleanupFailedStart(ctx context.Context) {
 
 // prepareMountpoint creates the mountpoint if needed and cleans a dead
 // mount left by a crashed daemon.
-func prepareMountpoint(mp string, notify func(string, ...any)) error {
-	_, err := os.Stat(mp)
-	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+func prepareMountpoint(mp string, nonempty bool, notify func(string, ...any)) error {
+	if IsDeadMount(mp) {
 		notify("cleaned a stale mount at %s (transport endpoint is not connected), left by a crashed daemon", mp)
-		if uerr := syscall.Unmount(mp, syscall.MNT_DETACH); uerr != nil {
+		if uerr := Detach(mp); uerr != nil {
 			return fmt.Errorf("clean stale mount at %s: %w", mp, uerr)
 		}
-		_, err = os.Stat(mp)
 	}
+	_, err := os.Stat(mp)
 	if errors.Is(err, os.ErrNotExist) {
 		return os.MkdirAll(mp, 0o755)
 	}
@@ -433,6 +533,17 @@ func prepareMountpoint(mp string, notify func(string, ...any)) error {
 			return invalid(mp, "already mounted by amlfs; `amlfs unmount %s` first", mp)
 		}
 		return invalid(mp, "something is already mounted there")
+	}
+	// Mounting over files hides them until the unmount: only if asked.
+	if f, err := os.Open(mp); err == nil {
+		names, _ := f.Readdirnames(1)
+		f.Close()
+		if len(names) > 0 {
+			if !nonempty {
+				return invalid(mp, "the mountpoint is not empty (it holds %q, among others), and a mount would hide its files: empty it, choose another, or pass -o nonempty", names[0])
+			}
+			notify("warning: %s is not empty; its files (such as %q) are hidden under the mount until it is unmounted (-o nonempty)", mp, names[0])
+		}
 	}
 	return nil
 }
@@ -579,7 +690,16 @@ func ReadLastStop(mountpoint string) (LastStop, bool) {
 	if err != nil {
 		return ls, false
 	}
-	data, err := os.ReadFile(lastStopPath(abs))
+	// A record in a runtime dir others could write to proves nothing.
+	if !runtimeDirTrusted() {
+		return ls, false
+	}
+	f, err := os.OpenFile(lastStopPath(abs), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return ls, false
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil || json.Unmarshal(data, &ls) != nil {
 		return ls, false
 	}
@@ -633,26 +753,57 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 		return skip(revID)
 	}
 	if idx := d.ws.Index(); revID == "" && baseMark == mark && idx != nil && idx.Current == baseRev {
+		// Say what the store says, not what this mount remembers.
+		cur, err := d.ws.StoreCurrent(ctx)
+		if err != nil {
+			return SaveInfo{}, err
+		}
+		if cur != baseRev {
+			msg := fmt.Sprintf("the tree is unchanged since revision %s, but the store's current revision is %s (another writer published); nothing saved", baseRev, cur)
+			d.log.Warn(msg, "revision", baseRev, "current", cur)
+			info, err := skip(cur)
+			info.Warning = msg
+			return info, err
+		}
 		d.log.Info("no changes since the last revision; it stays current", "revision", baseRev)
 		return skip(baseRev)
 	}
+	// The id is chosen here, and the state file names it before the save
+	// publishes: if the daemon dies after the publication but before the
+	// state file says the tree is saved, the next mount sees that the
+	// revision now current is this tree's own, not another writer's.
+	if revID == "" {
+		revID = uuid.NewString()
+	}
+	d.mu.Lock()
+	d.publishing = revID
+	d.mu.Unlock()
+	if err := d.writeState(); err != nil {
+		return SaveInfo{}, err
+	}
 	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
+	d.mu.Lock()
+	d.publishing = ""
+	d.mu.Unlock()
 	if err != nil {
 		d.metrics.Save("failed", 0, 0, 0)
 		return SaveInfo{}, err
 	}
 	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
 	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
-		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused}
+		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
+		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)]}
 	d.mu.Lock()
 	d.baseRev, d.baseMark = res.Entry.ID, mark
 	d.lastSave = &info
+	d.resumed = nil
 	d.mu.Unlock()
 	if err := d.writeState(); err != nil {
 		d.log.Warn("write state", "provider", "workspace", "op", "write-state", "path", d.state, "err", err)
 	}
 	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes,
-		"uploaded", res.Uploaded, "uploadedBytes", res.UploadedBytes, "reused", res.Reused, "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
+		"uploaded", res.Uploaded, "uploadedBytes", res.UploadedBytes, "reused", res.Reused, "baseGone", res.BaseGone, "symlinks", res.Symlinks,
+		"specialFilesSkipped", len(res.Skipped), "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
 	return info, nil
 }
 

@@ -2,9 +2,15 @@ package mount
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // isMountpoint reports whether path is a mount point, from
@@ -52,4 +58,47 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// probeMount asks the filesystem at mp for fresh attributes, which reach
+// the daemon serving it: a plain stat can be answered from the kernel's
+// attribute cache even when that daemon is dead.
+func probeMount(mp string) error {
+	var st unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, mp, unix.AT_STATX_FORCE_SYNC|unix.AT_NO_AUTOMOUNT, unix.STATX_BASIC_STATS, &st)
+	if err != nil {
+		return &os.PathError{Op: "statx", Path: mp, Err: err}
+	}
+	return nil
+}
+
+// IsDeadMount reports whether mp is a FUSE mount whose daemon is gone
+// (killed, or crashed): every access fails with "transport endpoint is not
+// connected".
+func IsDeadMount(mp string) bool {
+	err := probeMount(mp)
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+// Detach removes the mount at mp lazily (MNT_DETACH): it leaves the
+// namespace at once, and what still holds it open keeps it until closed.
+// As root (or with CAP_SYS_ADMIN) this is umount2 itself; otherwise the
+// setuid fusermount3 (or fusermount) does it for the user who mounted.
+func Detach(mp string) error {
+	err := unix.Unmount(mp, unix.MNT_DETACH)
+	if err == nil || !errors.Is(err, syscall.EPERM) {
+		if err != nil {
+			return &os.PathError{Op: "umount2", Path: mp, Err: err}
+		}
+		return nil
+	}
+	for _, bin := range []string{"fusermount3", "fusermount"} {
+		if p, lerr := exec.LookPath(bin); lerr == nil {
+			if out, cerr := exec.Command(p, "-u", "-z", mp).CombinedOutput(); cerr != nil {
+				return fmt.Errorf("%s -uz %s: %v: %s", bin, mp, cerr, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("unmount %s: %w (and no fusermount3 to do it unprivileged)", mp, err)
 }

@@ -16,62 +16,112 @@ import (
 
 // WriteArchive writes the entries of the tree at dir as AML's archive format:
 // a gzip-compressed tar rooted at ".", holding only directories and regular
-// files. It returns the number of compressed bytes written.
-func WriteArchive(w io.Writer, dir string, entries []TreeEntry, lim Limits) (int64, error) {
+// files. Each file is its bytes at one instant (readStable), spooled before
+// its header is written, since a tar header gives the size first. It
+// returns the number of compressed bytes written and the entries as
+// written: sizes and mtimes of the bytes read, without files that were
+// gone by the time they were read.
+func WriteArchive(w io.Writer, dir string, entries []TreeEntry, lim Limits) (int64, []TreeEntry, error) {
 	lim = lim.orDefault()
 	cw := &countingWriter{w: w, limit: lim.ArchiveBytes}
 	gz := gzip.NewWriter(cw)
 	tw := tar.NewWriter(gz)
 	now := time.Now()
 	if err := tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: now, Format: tar.FormatPAX}); err != nil {
-		return cw.n, err
+		return cw.n, nil, err
 	}
+	var sp spool
+	defer sp.close()
+	out := make([]TreeEntry, 0, len(entries))
 	for _, e := range entries {
-		src := filepath.Join(dir, filepath.FromSlash(e.Path))
-		hdr := &tar.Header{Name: "./" + e.Path, Mode: int64(e.Mode), ModTime: now, Format: tar.FormatPAX}
-		if e.Type == TypeDir {
+		mtime := now
+		if e.Mtime != 0 {
+			mtime = e.Mtime.Time()
+		}
+		hdr := &tar.Header{Name: "./" + e.Path, Mode: int64(e.Mode), ModTime: mtime, Format: tar.FormatPAX}
+		switch e.Type {
+		case TypeDir:
 			hdr.Name += "/"
 			hdr.Typeflag = tar.TypeDir
 			if err := tw.WriteHeader(hdr); err != nil {
-				return cw.n, err
+				return cw.n, nil, err
 			}
-			continue
+		case TypeFile:
+			stp, gone, err := writeTarFile(tw, hdr, filepath.Join(dir, filepath.FromSlash(e.Path)), &sp)
+			if err != nil {
+				return cw.n, nil, err
+			}
+			if gone {
+				continue
+			}
+			e.Size, e.Mtime = int64(stp.size), Mtime(stp.mtime.Nano())
+		default:
+			return cw.n, nil, amlerr.New(amlerr.UnsupportedEntry, e.Path, "a %s cannot be saved in AML's archive format; use --format folder", e.Type)
 		}
-		if err := writeTarFile(tw, hdr, src, e.Size); err != nil {
-			return cw.n, err
-		}
+		out = append(out, e)
 	}
 	if err := tw.Close(); err != nil {
-		return cw.n, err
+		return cw.n, nil, err
 	}
 	if err := gz.Close(); err != nil {
-		return cw.n, err
+		return cw.n, nil, err
 	}
-	return cw.n, nil
+	return cw.n, out, nil
 }
 
-func writeTarFile(tw *tar.Writer, hdr *tar.Header, src string, size int64) error {
-	f, err := os.Open(src)
-	if err != nil {
-		return err
+// spool holds one file's bytes between their stable read and the tar
+// stream: an unlinked temporary file, reused for every file.
+type spool struct{ f *os.File }
+
+func (s *spool) reset() (*os.File, error) {
+	if s.f == nil {
+		f, err := os.CreateTemp("", "amlfs-archive-*")
+		if err != nil {
+			return nil, err
+		}
+		os.Remove(f.Name())
+		s.f = f
+	}
+	if err := s.f.Truncate(0); err != nil {
+		return nil, err
+	}
+	_, err := s.f.Seek(0, io.SeekStart)
+	return s.f, err
+}
+
+func (s *spool) close() {
+	if s.f != nil {
+		s.f.Close()
+	}
+}
+
+func writeTarFile(tw *tar.Writer, hdr *tar.Header, src string, sp *spool) (stamp, bool, error) {
+	f, gone, err := openSaved(src)
+	if err != nil || gone {
+		return stamp{}, gone, err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err == nil {
-		hdr.ModTime = fi.ModTime()
+	stp, err := readStable(f, func(size int64, attempt int) error {
+		out, err := sp.reset()
+		if err != nil {
+			return err
+		}
+		_, err = copyExactly(out, f, size)
+		return err
+	})
+	if err != nil {
+		return stamp{}, false, err
 	}
 	hdr.Typeflag = tar.TypeReg
-	hdr.Size = size
+	hdr.Size = int64(stp.size)
+	hdr.ModTime = time.Unix(0, stp.mtime.Nano())
 	if err := tw.WriteHeader(hdr); err != nil {
-		return err
+		return stamp{}, false, err
 	}
-	n, err := io.Copy(tw, io.LimitReader(f, size))
-	if err != nil {
-		return err
+	if _, err := copyExactly(tw, sp.f, hdr.Size); err != nil {
+		return stamp{}, false, err
 	}
-	if n != size {
-		return fmt.Errorf("%s changed size while saving (%d of %d bytes)", src, n, size)
-	}
-	return nil
+	return stp, false, nil
 }
 
 type countingWriter struct {
@@ -82,7 +132,7 @@ type countingWriter struct {
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	if c.n+int64(len(p)) > c.limit {
-		return 0, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes", c.limit)
+		return 0, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", c.limit, limitHint)
 	}
 	n, err := c.w.Write(p)
 	c.n += int64(n)
@@ -122,7 +172,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n += int64(n)
 	if l.n > l.limit {
-		return n, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes", l.limit)
+		return n, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", l.limit, limitHint)
 	}
 	return n, err
 }
@@ -177,6 +227,9 @@ func ReadArchive(r io.Reader, dir string, subject string, lim Limits, take func(
 		}
 		seen[p] = true
 		e := TreeEntry{Path: p, Mode: uint32(hdr.Mode) & 0o777}
+		if !hdr.ModTime.IsZero() {
+			e.Mtime = MtimeOf(hdr.ModTime)
+		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			e.Type = TypeDir

@@ -59,7 +59,7 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 		switch {
 		case !ok:
 			c.Kind = "added"
-		case na.Type != nb.Type || na.Mode != nb.Mode || na.Size != nb.Size:
+		case na.Type != nb.Type || na.Mode != nb.Mode || na.Size != nb.Size || na.Target != nb.Target:
 			c.Kind = "changed"
 		case nb.Type == TypeFile:
 			same = append(same, nb)

@@ -30,7 +30,7 @@ func (s *FSStore) conflict(detail string) error {
 
 // Lock takes the lease.
 func (s *FSStore) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error) {
-	if err := os.MkdirAll(s.Base, 0o755); err != nil {
+	if err := os.MkdirAll(s.Base, 0o700); err != nil {
 		return nil, err
 	}
 	lp := s.lockPath()

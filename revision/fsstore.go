@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/atomicfile"
 )
 
@@ -54,9 +55,9 @@ func notExist(err error) error {
 }
 
 func (s *FSStore) ReadIndex(ctx context.Context) ([]byte, string, error) {
-	f, err := os.Open(s.path(IndexKey))
+	f, err := s.openObject(IndexKey)
 	if err != nil {
-		return nil, "", notExist(err)
+		return nil, "", err
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, MaxIndexBytes+1))
@@ -69,7 +70,7 @@ func (s *FSStore) ReadIndex(ctx context.Context) ([]byte, string, error) {
 // PublishIndex compares and swaps workspace.json under an exclusive flock on
 // ROOT, so that concurrent publishers on this host (locked or not) serialize.
 func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
-	if err := os.MkdirAll(s.root(), 0o755); err != nil {
+	if err := os.MkdirAll(s.root(), 0o700); err != nil {
 		return "", err
 	}
 	unlock, err := flockDir(s.root())
@@ -92,10 +93,10 @@ func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	}
 	// The temporary file goes in the staging directory, so that a crash
 	// leaves it where the next save's cleanup looks.
-	if err := os.MkdirAll(s.path(stagingDir), 0o755); err != nil {
+	if err := os.MkdirAll(s.path(stagingDir), 0o700); err != nil {
 		return "", err
 	}
-	if err := atomicfile.Write(s.path(IndexKey), s.path(stagingDir), data, 0o644); err != nil {
+	if err := atomicfile.Write(s.path(IndexKey), s.path(stagingDir), data, 0o600); err != nil {
 		return "", err
 	}
 	return version(data), nil
@@ -120,20 +121,74 @@ func flockDir(dir string) (func(), error) {
 }
 
 func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
-	f, err := os.Open(s.path(key))
+	return s.openObject(key)
+}
+
+// openObject opens the regular file at key for reading, resolving it
+// beneath the root without following any symlink (openat2 with
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS): a symlink planted in the store
+// (files/x pointing at a root-only file, or revisions/ at another
+// directory) must not make a root daemon read outside it. A key that is
+// not a regular file is INVALID_STORE; O_NONBLOCK keeps a fifo from
+// hanging the open.
+func (s *FSStore) openObject(key string) (*os.File, error) {
+	rfd, err := unix.Open(s.root(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, notExist(err)
+		return nil, notExist(&os.PathError{Op: "open", Path: s.root(), Err: err})
+	}
+	defer unix.Close(rfd)
+	fd, err := unix.Openat2(rfd, filepath.FromSlash(key), &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS,
+	})
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+		return nil, amlerr.New(amlerr.InvalidStore, s.path(key), "a symlink in the store (or a path leaving it) where an object should be; refusing to follow it")
+	}
+	if err != nil {
+		return nil, notExist(&os.PathError{Op: "open", Path: s.path(key), Err: err})
+	}
+	f := os.NewFile(uintptr(fd), s.path(key))
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, amlerr.New(amlerr.InvalidStore, s.path(key), "not a regular file")
+	}
+	// Reads block as usual: O_NONBLOCK only guarded the open.
+	if err := unix.SetNonblock(fd, false); err != nil {
+		f.Close()
+		return nil, err
 	}
 	return f, nil
+}
+
+// realDirs refuses a store whose revisions/ or staging directory is a
+// symlink: listing orphans through one, or renaming an artifact out of it
+// to delete it, would act on another directory.
+func (s *FSStore) realDirs() error {
+	for _, d := range []string{"revisions", stagingDir} {
+		fi, err := os.Lstat(s.path(d))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return amlerr.New(amlerr.InvalidStore, s.path(d), "is not a directory (a symlink?); refusing to list or remove artifacts through it")
+		}
+	}
+	return nil
 }
 
 // Remove first moves the artifact into the staging directory, so that it
 // leaves revisions/ at once, whole; a crash while its files are deleted
 // leaves the rest where the next save's cleanup looks.
 func (s *FSStore) Remove(ctx context.Context, key string) error {
+	if err := s.realDirs(); err != nil {
+		return err
+	}
 	p := s.path(strings.TrimSuffix(key, "/"))
 	if !strings.HasPrefix(key, stagingDir+"/") {
-		if err := os.MkdirAll(s.path(stagingDir), 0o755); err != nil {
+		if err := os.MkdirAll(s.path(stagingDir), 0o700); err != nil {
 			return err
 		}
 		trash := filepath.Join(s.path(stagingDir), "removed-"+uuid.NewString())
@@ -150,6 +205,9 @@ func (s *FSStore) Remove(ctx context.Context, key string) error {
 }
 
 func (s *FSStore) Artifacts(ctx context.Context) ([]string, error) {
+	if err := s.realDirs(); err != nil {
+		return nil, err
+	}
 	var keys []string
 	for _, dir := range []string{"revisions", stagingDir} {
 		ents, err := os.ReadDir(s.path(dir))
@@ -177,17 +235,20 @@ func (s *FSStore) Destroy(ctx context.Context) error {
 const stagingDir = ".amlfs-staging"
 
 func (s *FSStore) Stage(ctx context.Context, key string) (Stager, error) {
-	dir := s.path(stagingDir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := s.realDirs(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(s.path("revisions"), 0o755); err != nil {
+	dir := s.path(stagingDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(s.path("revisions"), 0o700); err != nil {
 		return nil, err
 	}
 	tmp := filepath.Join(dir, uuid.NewString())
 	folder := strings.HasSuffix(key, "/")
 	if folder {
-		if err := os.Mkdir(tmp, 0o755); err != nil {
+		if err := os.Mkdir(tmp, 0o700); err != nil {
 			return nil, err
 		}
 	}
@@ -221,7 +282,7 @@ func (st *fsStager) target(name string) (string, error) {
 		return "", err
 	}
 	p := filepath.Join(st.tmp, filepath.FromSlash(name))
-	return p, os.MkdirAll(filepath.Dir(p), 0o755)
+	return p, os.MkdirAll(filepath.Dir(p), 0o700)
 }
 
 func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int64) error {
@@ -229,7 +290,7 @@ func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int6
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
@@ -252,15 +313,62 @@ func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return err
 }
 
-func (st *fsStager) Reuse(ctx context.Context, name, fromKey string) error {
+func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done func(stamp)) error {
+	defer f.Close()
 	p, err := st.target(name)
 	if err != nil {
 		return err
 	}
-	if err := os.Link(st.s.path(fromKey), p); err != nil {
+	// The object is no more readable than the file: a 0600 secret stays
+	// unreadable to other users in the store too.
+	perm := os.FileMode(0o600)
+	if fi, err := f.Stat(); err == nil {
+		perm = fi.Mode().Perm()&0o700 | 0o600
+	}
+	stp, err := readStable(f, func(size int64, attempt int) error {
+		flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
+		if attempt > 0 {
+			flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC // our own earlier try
+		}
+		out, err := os.OpenFile(p, flags, perm)
+		if err != nil {
+			return err
+		}
+		_, err = copyExactly(out, f, size)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if err != nil {
 		return err
 	}
+	st.landed(name, int64(stp.size))
+	done(stp)
+	return nil
+}
+
+func (st *fsStager) Flush(ctx context.Context) error { return nil }
+
+func (st *fsStager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*stamp)) error {
+	p, err := st.target(name)
+	if err != nil {
+		closeLocal(local)
+		return err
+	}
+	if err := os.Link(st.s.path(fromKey), p); errors.Is(err, os.ErrNotExist) {
+		// The base revision was pruned: write the bytes from the tree.
+		if local == nil {
+			return baseGone(fromKey)
+		}
+		return st.PutFile(ctx, name, local, func(stp stamp) { done(&stp) })
+	} else if err != nil {
+		closeLocal(local)
+		return err
+	}
+	closeLocal(local)
 	st.landed(name, 0)
+	done(nil)
 	return nil
 }
 

@@ -155,7 +155,7 @@ func FuzzGitignore(f *testing.F) {
 		}
 		os.WriteFile(filepath.Join(dir, ".gitignore"), []byte(ignore), 0o644)
 		os.WriteFile(filepath.Join(dir, "a", ".gitignore"), []byte(ignore), 0o644)
-		es, err := Snapshot(dir, Selection{Include: []string{"top.txt"}})
+		es, _, err := Snapshot(dir, Selection{Include: []string{"top.txt"}})
 		if err != nil {
 			t.Fatalf("snapshot: %v", err)
 		}

@@ -83,6 +83,12 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp,
 	if err := unix.Fchmod(fd, te.Mode&0o777); err != nil {
 		return stamp{}, &os.PathError{Op: "chmod", Path: dst, Err: err}
 	}
+	if te.Mtime != 0 {
+		ts := unix.NsecToTimespec(int64(te.Mtime))
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), []unix.Timespec{ts, ts}, 0); err != nil {
+			return stamp{}, &os.PathError{Op: "utimensat", Path: dst, Err: err}
+		}
+	}
 	err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW)
 	var st unix.Stat_t
 	switch {
@@ -294,7 +300,11 @@ func shareCall(ctx context.Context, mu *sync.Mutex, calls map[uint64]*fetchCall,
 // fill writes a placeholder's bytes in place, checks their count, makes
 // them durable, then clears the marker.
 func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path string) error {
-	r, err := w.openArtifact(ctx, pf.key)
+	r, err := w.store.Open(ctx, pf.key)
+	if errors.Is(err, ErrNotExist) {
+		rev, _, _ := strings.Cut(pf.key, "files/")
+		return amlerr.New(amlerr.BaseRevisionGone, pf.key, "the bytes of %s are gone from %s: revision %s was pruned, most likely by another writer, before this lazily restored file was fetched", pf.origPath, w.store, strings.TrimSuffix(strings.TrimPrefix(rev, "revisions/"), "/"))
+	}
 	if err != nil {
 		return err
 	}

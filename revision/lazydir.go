@@ -192,6 +192,11 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	files := d.files[pd.rev+"\x00"+pd.origPath]
 	d.mu.Unlock()
 	base := w.baseTree()
+	// Making placeholders is not a change: the directory keeps its mtime.
+	var dst syscall.Stat_t
+	if err := syscall.Lstat(dir, &dst); err != nil {
+		return err
+	}
 	for _, te := range files {
 		key := pd.rev + "files/" + te.Path
 		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key)
@@ -200,6 +205,12 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 		}
 		if stp.ino != 0 && base != nil && base.dir == l.dir {
 			base.add(te.Path, baseFile{stamp: stp, key: key}, pd.rev)
+		}
+	}
+	if len(files) > 0 {
+		ts := []unix.Timespec{unix.NsecToTimespec(dst.Atim.Nano()), unix.NsecToTimespec(dst.Mtim.Nano())}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, dir, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return &os.PathError{Op: "utimensat", Path: dir, Err: err}
 		}
 	}
 	if err := unix.Lremovexattr(dir, PendingDirXattr); err != nil && !errors.Is(err, unix.ENODATA) {

@@ -6,20 +6,28 @@ import (
 	"fmt"
 	"path"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
 
-// Entry types in a manifest.
+// Entry types. AML knows files and directories; a symlink lives in the
+// manifest's extension (see Manifest), which AML ignores.
 const (
-	TypeFile = "file"
-	TypeDir  = "directory"
+	TypeFile    = "file"
+	TypeDir     = "directory"
+	TypeSymlink = "symlink"
 )
 
-// MaxManifestBytes bounds manifest.json.
+// MaxSymlinkTarget bounds a symlink's target, as PATH_MAX does.
+const MaxSymlinkTarget = 4095
+
+// MaxManifestBytes bounds manifest.json under AML's default limits; a
+// raised entry limit raises it in proportion (Limits.ManifestBytes).
 const MaxManifestBytes = 4 << 20
 
 // Limits bound what a revision may hold.
@@ -45,31 +53,123 @@ func (l Limits) orDefault() Limits {
 	return l
 }
 
-// Check returns a LIMIT_EXCEEDED error when a tree is over the limits.
+// ManifestBytes bounds a manifest: AML's 4 MiB, or more in proportion
+// to an entry limit raised above AML's.
+func (l Limits) ManifestBytes() int {
+	l = l.orDefault()
+	if l.Entries <= DefaultLimits.Entries {
+		return MaxManifestBytes
+	}
+	return int(int64(MaxManifestBytes) * int64(l.Entries) / int64(DefaultLimits.Entries))
+}
+
+// limitHint is appended to every LIMIT_EXCEEDED message.
+const limitHint = "; AML's readers need the same limit to load such a revision"
+
+// Check returns a LIMIT_EXCEEDED error, naming the flag that raises the
+// limit, when a tree is over the limits.
 func (l Limits) Check(subject string, entries int, bytes int64) error {
 	l = l.orDefault()
 	if entries > l.Entries {
-		return amlerr.New(amlerr.LimitExceeded, subject, "%d entries, over the limit of %d", entries, l.Entries)
+		return amlerr.New(amlerr.LimitExceeded, subject, "%d entries, over the limit of %d (raise it with --max-entries%s)", entries, l.Entries, limitHint)
 	}
 	if bytes > l.ExtractedBytes {
-		return amlerr.New(amlerr.LimitExceeded, subject, "%d bytes, over the limit of %d", bytes, l.ExtractedBytes)
+		return amlerr.New(amlerr.LimitExceeded, subject, "%d bytes of files, over the limit of %d (raise it with --max-bytes%s)", bytes, l.ExtractedBytes, limitHint)
 	}
 	return nil
 }
 
-// TreeEntry is one file or directory of a revision. It is also the manifest
-// entry; fields are in AML's (alphabetical) order.
+// TreeEntry is one file, directory or symlink of a revision. For a file or
+// directory it is also the manifest entry: fields are in AML's
+// (alphabetical) order, and AML ignores the mtime key.
 type TreeEntry struct {
-	Mode uint32 `json:"mode"`
-	Path string `json:"path"`
-	Size int64  `json:"size"`
-	Type string `json:"type"`
+	Mode  uint32 `json:"mode"`
+	Mtime Mtime  `json:"mtime,omitempty"`
+	Path  string `json:"path"`
+	Size  int64  `json:"size"`
+	// Target is a symlink's target, exactly as readlink gives it.
+	Target string `json:"target,omitempty"`
+	Type   string `json:"type"`
 }
 
-// Manifest is a folder revision's manifest.json.
+// Mtime is a modification time in nanoseconds since the Unix epoch; 0 is
+// unknown (a revision AML wrote). In JSON it is a string of seconds with a
+// nine-digit fraction, "1764882000.123456789": exact, compact, and not a
+// number a JavaScript reader would round to a double.
+type Mtime int64
+
+// MtimeOf returns t as an Mtime.
+func MtimeOf(t time.Time) Mtime { return Mtime(t.UnixNano()) }
+
+// Time returns m as a time.Time.
+func (m Mtime) Time() time.Time { return time.Unix(0, int64(m)).UTC() }
+
+func (m Mtime) String() string {
+	sec, nsec := int64(m)/1e9, int64(m)%1e9
+	if nsec < 0 {
+		sec, nsec = sec-1, nsec+1e9
+	}
+	return fmt.Sprintf("%d.%09d", sec, nsec)
+}
+
+func (m Mtime) MarshalJSON() ([]byte, error) { return json.Marshal(m.String()) }
+
+func (m *Mtime) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("mtime: %w", err)
+	}
+	sec, frac, ok := strings.Cut(s, ".")
+	if !ok || len(frac) != 9 || sec == "" || strings.TrimLeft(sec, "-0123456789") != "" || strings.TrimLeft(frac, "0123456789") != "" {
+		return fmt.Errorf("mtime %q is not SECONDS.NANOSECONDS", s)
+	}
+	si, err := strconv.ParseInt(sec, 10, 64)
+	if err != nil || si < -1<<33 || si > 1<<33 {
+		return fmt.Errorf("mtime %q is out of range", s)
+	}
+	ni, _ := strconv.ParseInt(frac, 10, 64)
+	*m = Mtime(si*1e9 + ni)
+	return nil
+}
+
+// Manifest is a folder revision's manifest.json. Entries holds the files
+// and directories, as AML reads them; Ext holds what AML cannot: symlinks.
 type Manifest struct {
-	Entries []TreeEntry `json:"entries"`
-	Version int         `json:"version"`
+	Entries []TreeEntry  `json:"entries"`
+	Ext     *ManifestExt `json:"amlfs,omitempty"`
+	Version int          `json:"version"`
+}
+
+// ManifestExt is amlfs's extension of the manifest, under the top-level
+// key "amlfs", which AML's parser ignores.
+type ManifestExt struct {
+	Symlinks []TreeEntry `json:"symlinks,omitempty"`
+}
+
+// Tree returns every entry: files, directories and symlinks.
+func (m *Manifest) Tree() []TreeEntry {
+	if m.Ext == nil || len(m.Ext.Symlinks) == 0 {
+		return m.Entries
+	}
+	es := append(append(make([]TreeEntry, 0, len(m.Entries)+len(m.Ext.Symlinks)), m.Entries...), m.Ext.Symlinks...)
+	SortEntries(es)
+	return es
+}
+
+// NewManifest splits a tree into AML's entries and the extension.
+func NewManifest(tree []TreeEntry) *Manifest {
+	m := &Manifest{Version: 1, Entries: make([]TreeEntry, 0, len(tree))}
+	for _, e := range tree {
+		if e.Type == TypeSymlink {
+			if m.Ext == nil {
+				m.Ext = &ManifestExt{}
+			}
+			m.Ext.Symlinks = append(m.Ext.Symlinks, e)
+			continue
+		}
+		m.Entries = append(m.Entries, e)
+	}
+	return m
 }
 
 // ValidPath checks a relative, /-separated revision path.
@@ -79,6 +179,9 @@ func ValidPath(p string) error {
 	}
 	if !utf8.ValidString(p) {
 		return fmt.Errorf("path %q is not valid UTF-8", p)
+	}
+	if len(p) > maxPathBytes {
+		return fmt.Errorf("path %.40q... is %d bytes, over %d", p, len(p), maxPathBytes)
 	}
 	if strings.ContainsRune(p, 0) {
 		return fmt.Errorf("path %q contains NUL", p)
@@ -93,6 +196,9 @@ func ValidPath(p string) error {
 	}
 	return nil
 }
+
+// maxPathBytes bounds a revision path, as PATH_MAX (less the NUL) does.
+const maxPathBytes = 4095
 
 func depth(p string) int { return strings.Count(p, "/") }
 
@@ -154,8 +260,18 @@ func ValidateEntries(subject string, es []TreeEntry, lim Limits) error {
 			if e.Size != 0 {
 				return bad("directory %q has size %d", e.Path, e.Size)
 			}
+		case TypeSymlink:
+			if e.Target == "" || len(e.Target) > MaxSymlinkTarget || strings.ContainsRune(e.Target, 0) {
+				return bad("symlink %q has an empty, NUL-containing or over-long target", e.Path)
+			}
+			if e.Size != 0 {
+				return bad("symlink %q has size %d", e.Path, e.Size)
+			}
 		default:
 			return bad("entry %q has type %q; only files and directories are allowed", e.Path, e.Type)
+		}
+		if e.Type != TypeSymlink && e.Target != "" {
+			return bad("entry %q is a %s with a target", e.Path, e.Type)
 		}
 		if e.Mode&^0o777 != 0 {
 			return bad("entry %q has mode %o beyond the permission bits", e.Path, e.Mode)
@@ -167,8 +283,8 @@ func ValidateEntries(subject string, es []TreeEntry, lim Limits) error {
 	}
 	for _, e := range es {
 		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
-			if types[dir] == TypeFile {
-				return bad("entry %q is beneath file %q", e.Path, dir)
+			if t := types[dir]; t == TypeFile || t == TypeSymlink {
+				return bad("entry %q is beneath %s %q", e.Path, t, dir)
 			}
 		}
 	}
@@ -177,16 +293,22 @@ func ValidateEntries(subject string, es []TreeEntry, lim Limits) error {
 
 // ParseManifest decodes and validates a manifest.
 func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
-	if len(data) > MaxManifestBytes {
-		return nil, amlerr.New(amlerr.InvalidStore, subject, "manifest is %d bytes, over the %d byte limit", len(data), MaxManifestBytes)
+	if max := lim.ManifestBytes(); len(data) > max {
+		return nil, amlerr.New(amlerr.LimitExceeded, subject, "manifest is %d bytes, over the %d byte limit (it grows with --max-entries%s)", len(data), max, limitHint)
+	}
+	type rawEntry struct {
+		Mode   *uint32 `json:"mode"`
+		Mtime  Mtime   `json:"mtime"`
+		Path   *string `json:"path"`
+		Size   *int64  `json:"size"`
+		Target string  `json:"target"`
+		Type   *string `json:"type"`
 	}
 	var raw struct {
-		Entries *[]struct {
-			Mode *uint32 `json:"mode"`
-			Path *string `json:"path"`
-			Size *int64  `json:"size"`
-			Type *string `json:"type"`
-		} `json:"entries"`
+		Entries *[]rawEntry `json:"entries"`
+		Ext     *struct {
+			Symlinks []rawEntry `json:"symlinks"`
+		} `json:"amlfs"`
 		Version *int `json:"version"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -207,17 +329,40 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 		if e.Mode == nil || e.Path == nil || e.Size == nil || e.Type == nil {
 			return nil, amlerr.New(amlerr.InvalidStore, subject, "entries[%d] lacks mode, path, size or type", i)
 		}
-		m.Entries = append(m.Entries, TreeEntry{Mode: *e.Mode, Path: *e.Path, Size: *e.Size, Type: *e.Type})
+		// AML's rules: only files and directories here, and no target
+		// (AML ignores the key, so a symlink disguised as a file would
+		// load differently in AML and amlfs).
+		if *e.Type != TypeFile && *e.Type != TypeDir {
+			return nil, amlerr.New(amlerr.InvalidStore, subject, "entry %q has type %q; only files and directories are allowed", *e.Path, *e.Type)
+		}
+		m.Entries = append(m.Entries, TreeEntry{Mode: *e.Mode, Mtime: e.Mtime, Path: *e.Path, Size: *e.Size, Type: *e.Type, Target: e.Target})
 	}
-	if err := ValidateEntries(subject, m.Entries, lim); err != nil {
+	if raw.Ext != nil && len(raw.Ext.Symlinks) > 0 {
+		m.Ext = &ManifestExt{}
+		for i, e := range raw.Ext.Symlinks {
+			if e.Path == nil || e.Type == nil || *e.Type != TypeSymlink {
+				return nil, amlerr.New(amlerr.InvalidStore, subject, "amlfs.symlinks[%d] lacks a path or is not of type symlink", i)
+			}
+			var mode uint32 = 0o777
+			if e.Mode != nil {
+				mode = *e.Mode
+			}
+			m.Ext.Symlinks = append(m.Ext.Symlinks, TreeEntry{Mode: mode, Mtime: e.Mtime, Path: *e.Path, Type: TypeSymlink, Target: e.Target})
+		}
+	}
+	if err := ValidateEntries(subject, m.Tree(), lim); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-// Marshal encodes the manifest with entries in AML's order.
-func (m *Manifest) Marshal() ([]byte, error) {
+// Marshal encodes the manifest with entries in AML's order, within lim's
+// manifest bound.
+func (m *Manifest) Marshal(lim Limits) ([]byte, error) {
 	SortEntries(m.Entries)
+	if m.Ext != nil {
+		SortEntries(m.Ext.Symlinks)
+	}
 	m.Version = 1
 	if m.Entries == nil {
 		m.Entries = []TreeEntry{}
@@ -226,8 +371,8 @@ func (m *Manifest) Marshal() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > MaxManifestBytes {
-		return nil, amlerr.New(amlerr.LimitExceeded, "manifest.json", "manifest would be %d bytes, over the %d byte limit", len(data), MaxManifestBytes)
+	if max := lim.ManifestBytes(); len(data) > max {
+		return nil, amlerr.New(amlerr.LimitExceeded, "manifest.json", "manifest would be %d bytes, over the %d byte limit (it grows with --max-entries%s)", len(data), max, limitHint)
 	}
 	return data, nil
 }

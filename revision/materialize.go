@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"golang.org/x/sys/unix"
 )
 
 // materializer writes tree entries under root. Directory modes are applied
@@ -36,6 +38,19 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 		m.dirs = append(m.dirs, e)
 		return nil
 	}
+	if e.Type == TypeSymlink {
+		err := os.Symlink(e.Target, dst)
+		if os.IsNotExist(err) {
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			err = os.Symlink(e.Target, dst)
+		}
+		if err != nil {
+			return err
+		}
+		return setMtime(dst, e.Mtime)
+	}
 	f, err := m.create(dst)
 	if err != nil {
 		return err
@@ -50,7 +65,23 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		err = setMtime(dst, e.Mtime)
+	}
 	return err
+}
+
+// setMtime gives the entry at p (never followed) its saved mtime, and the
+// same atime; a zero mtime (AML wrote the revision) leaves both alone.
+func setMtime(p string, mt Mtime) error {
+	if mt == 0 {
+		return nil
+	}
+	ts := unix.NsecToTimespec(int64(mt))
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "utimensat", Path: p, Err: err}
+	}
+	return nil
 }
 
 // create makes a new file at dst, creating missing parents (a manifest
@@ -70,6 +101,10 @@ func (m *materializer) finish() error {
 	sort.Slice(m.dirs, func(i, j int) bool { return depth(m.dirs[i].Path) > depth(m.dirs[j].Path) })
 	for _, d := range m.dirs {
 		if err := os.Chmod(m.target(d.Path), os.FileMode(d.Mode)); err != nil {
+			return err
+		}
+		// Deepest first, after everything inside is made.
+		if err := setMtime(m.target(d.Path), d.Mtime); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -121,15 +122,54 @@ func TestSaveRestoreRoundTrip(t *testing.T) {
 func TestManifestOrderAndFormat(t *testing.T) {
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"b.txt": "b", "a/z.txt": "zz", "a/b/c": "c", "A": "A"})
-	es, err := Snapshot(src, Selection{})
+	os.Symlink("../b.txt", filepath.Join(src, "a", "l"))
+	es, _, err := Snapshot(src, Selection{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := Manifest{Entries: es}
-	data, _ := m.Marshal()
-	want := `{"entries":[{"mode":420,"path":"A","size":1,"type":"file"},{"mode":493,"path":"a","size":0,"type":"directory"},{"mode":420,"path":"b.txt","size":1,"type":"file"},{"mode":493,"path":"a/b","size":0,"type":"directory"},{"mode":420,"path":"a/z.txt","size":2,"type":"file"},{"mode":420,"path":"a/b/c","size":1,"type":"file"}],"version":1}`
+	for i := range es {
+		if es[i].Mtime == 0 {
+			t.Errorf("%s: no mtime", es[i].Path)
+		}
+		es[i].Mtime = 0
+	}
+	es[0].Mtime = MtimeOf(time.Date(2026, 12, 4, 21, 0, 0, 123456789, time.UTC))
+	data, _ := NewManifest(es).Marshal(DefaultLimits)
+	// AML's keys, in AML's order, with mtime among them where AML's
+	// parser ignores it, and symlinks in the top-level extension.
+	want := `{"entries":[{"mode":420,"mtime":"1796418000.123456789","path":"A","size":1,"type":"file"},{"mode":493,"path":"a","size":0,"type":"directory"},{"mode":420,"path":"b.txt","size":1,"type":"file"},{"mode":493,"path":"a/b","size":0,"type":"directory"},{"mode":420,"path":"a/z.txt","size":2,"type":"file"},{"mode":420,"path":"a/b/c","size":1,"type":"file"}],"amlfs":{"symlinks":[{"mode":511,"path":"a/l","size":0,"target":"../b.txt","type":"symlink"}]},"version":1}`
 	if string(data) != want {
 		t.Errorf("manifest\n got %s\nwant %s", data, want)
+	}
+	m, err := ParseManifest("m", data, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Tree(); !reflect.DeepEqual(got, es) {
+		t.Errorf("parsed back\n got %+v\nwant %+v", got, es)
+	}
+}
+
+// TestManifestRejects holds a manifest to AML's parser rules and to what
+// an amlfs extension may say.
+func TestManifestRejects(t *testing.T) {
+	for name, data := range map[string]string{
+		"symlink among entries":   `{"entries":[{"mode":511,"path":"l","size":0,"type":"symlink"}],"version":1}`,
+		"target on a file":        `{"entries":[{"mode":420,"path":"f","size":0,"type":"file","target":"x"}],"version":1}`,
+		"file beneath a symlink":  `{"entries":[{"mode":420,"path":"l/f","size":0,"type":"file"}],"amlfs":{"symlinks":[{"path":"l","target":"d","type":"symlink"}]},"version":1}`,
+		"symlink and file clash":  `{"entries":[{"mode":420,"path":"l","size":0,"type":"file"}],"amlfs":{"symlinks":[{"path":"l","target":"d","type":"symlink"}]},"version":1}`,
+		"empty target":            `{"entries":[],"amlfs":{"symlinks":[{"path":"l","target":"","type":"symlink"}]},"version":1}`,
+		"extension of wrong type": `{"entries":[],"amlfs":{"symlinks":[{"path":"l","target":"d","type":"file"}]},"version":1}`,
+		"traversing symlink path": `{"entries":[],"amlfs":{"symlinks":[{"path":"../l","target":"d","type":"symlink"}]},"version":1}`,
+		"bad mtime":               `{"entries":[{"mode":420,"mtime":12,"path":"f","size":0,"type":"file"}],"version":1}`,
+	} {
+		if _, err := ParseManifest("m", []byte(data), DefaultLimits); err == nil {
+			t.Errorf("%s: accepted %s", name, data)
+		}
+	}
+	// Unknown keys anywhere are ignored, as AML's parser does.
+	if _, err := ParseManifest("m", []byte(`{"entries":[{"mode":420,"path":"f","size":0,"type":"file","x":1}],"other":{},"version":1}`), DefaultLimits); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -154,7 +194,7 @@ func TestSelection(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			es, err := Snapshot(src, tc.sel)
+			es, _, err := Snapshot(src, tc.sel)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -169,16 +209,45 @@ func TestSelection(t *testing.T) {
 	}
 }
 
-func TestSnapshotRejectsSymlink(t *testing.T) {
+func TestSnapshotEntries(t *testing.T) {
 	src := t.TempDir()
-	writeTree(t, src, map[string]string{"a.txt": "a"})
-	os.Symlink("a.txt", filepath.Join(src, "link"))
-	_, err := Snapshot(src, Selection{})
-	if amlerr.Code(err) != amlerr.UnsupportedEntry || !strings.Contains(err.Error(), "link") {
+	writeTree(t, src, map[string]string{"a.txt": "a", "d/x": "x"})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Symlink("a.txt", filepath.Join(src, "link")))
+	must(os.Symlink("/nowhere/at all", filepath.Join(src, "d", "dangling")))
+	must(syscall.Mkfifo(filepath.Join(src, "fifo"), 0o644))
+	must(syscall.Mkfifo(filepath.Join(src, "d", "fifo2"), 0o644))
+	es, skipped, err := Snapshot(src, Selection{})
+	must(err)
+	targets := map[string]string{}
+	for _, e := range es {
+		if e.Type == TypeSymlink {
+			targets[e.Path] = e.Target
+		}
+	}
+	if !reflect.DeepEqual(targets, map[string]string{"link": "a.txt", "d/dangling": "/nowhere/at all"}) {
+		t.Errorf("symlinks %v", targets)
+	}
+	if !reflect.DeepEqual(skipped, []string{"fifo", "d/fifo2"}) && !reflect.DeepEqual(skipped, []string{"d/fifo2", "fifo"}) {
+		t.Errorf("skipped %v", skipped)
+	}
+	if err := SpecialFilesError(skipped); amlerr.Code(err) != amlerr.UnsupportedEntry || !strings.Contains(err.Error(), `"fifo"`) || !strings.Contains(err.Error(), `"d/fifo2"`) {
+		t.Errorf("strict error %v", err)
+	}
+	// A name no revision can hold fails the snapshot, naming every one.
+	must(os.WriteFile(filepath.Join(src, "bad\xff"), nil, 0o644))
+	must(os.WriteFile(filepath.Join(src, "d", "bad\xfe"), nil, 0o644))
+	_, _, err = Snapshot(src, Selection{})
+	if amlerr.Code(err) != amlerr.UnsupportedEntry || !strings.Contains(err.Error(), `bad\xff`) || !strings.Contains(err.Error(), `bad\xfe`) {
 		t.Fatalf("got %v", err)
 	}
-	// Excluded, it is fine.
-	if _, err := Snapshot(src, Selection{Exclude: []string{"link"}}); err != nil {
+	// Excluded, they are fine.
+	if _, _, err := Snapshot(src, Selection{Exclude: []string{"bad*", "d/bad*"}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -217,7 +286,7 @@ func TestStaleWriterFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = b.Save(ctx, src, Selection{}, "")
-	if amlerr.ExitStatus(err) != amlerr.ExitSave || !amlerr.Has(err, amlerr.PublishConflict) {
+	if amlerr.ExitStatus(err) != amlerr.ExitConflict || !amlerr.Has(err, amlerr.PublishConflict) {
 		t.Fatalf("stale save: %v", err)
 	}
 	c := openWS(t, base, "s", Options{NoLock: true})
@@ -487,9 +556,9 @@ func TestArchiveInteropWithTar(t *testing.T) {
 		t.Errorf("a/b.txt = %q", b)
 	}
 	// And the other way: tar(1) reads what amlfs writes.
-	es, _ := Snapshot(src, Selection{})
+	es, _, _ := Snapshot(src, Selection{})
 	var buf bytes.Buffer
-	if _, err := WriteArchive(&buf, src, es, DefaultLimits); err != nil {
+	if _, _, err := WriteArchive(&buf, src, es, DefaultLimits); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("tar", "-tzf", "-")
@@ -879,5 +948,80 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 		if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
 			t.Errorf("%s = %q, want %q", p, got, want)
 		}
+	}
+}
+
+// TestSaveChangingTree saves, in both formats, while a writer rewrites one
+// file in place, appends lines to another, and makes and removes others:
+// every save succeeds, and each file it holds is whole (one version of
+// the rewritten file, whole lines of the log) with the manifest's size.
+func TestSaveChangingTree(t *testing.T) {
+	for _, format := range []string{FormatFolder, FormatArchive} {
+		t.Run(format, func(t *testing.T) {
+			ctx := context.Background()
+			base, src := t.TempDir(), t.TempDir()
+			w := openWS(t, base, "chg", Options{Format: format, Retention: 2})
+			writeTree(t, src, map[string]string{"rewrite": strings.Repeat("v0 ", 50000), "log": "", "churn/keep": "k"})
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				rw, _ := os.OpenFile(filepath.Join(src, "rewrite"), os.O_RDWR, 0)
+				lg, _ := os.OpenFile(filepath.Join(src, "log"), os.O_WRONLY|os.O_APPEND, 0)
+				defer rw.Close()
+				defer lg.Close()
+				for i := 1; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					// In place, and of another length: a torn read
+					// mixes versions or sizes.
+					v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
+					rw.WriteAt([]byte(v), 0)
+					rw.Truncate(int64(len(v)))
+					// Opened for each rewrite, as most tools do, and of one
+					// length, so that every instant outside a write call
+					// holds one whole version.
+					if f, err := os.OpenFile(filepath.Join(src, "reopened"), os.O_WRONLY|os.O_CREATE, 0o644); err == nil {
+						f.WriteAt([]byte(strings.Repeat(fmt.Sprintf("%07d ", i), 200000)), 0)
+						f.Close()
+					}
+					fmt.Fprintf(lg, "line %d\n", i)
+					p := filepath.Join(src, "churn", fmt.Sprint("f", i%7))
+					if i%2 == 0 {
+						os.WriteFile(p, []byte(v[:i%5000]), 0o644)
+					} else {
+						os.Remove(p)
+					}
+					time.Sleep(3 * time.Millisecond)
+				}
+			}()
+			for i := 0; i < 8; i++ {
+				res, err := w.Save(ctx, src, Selection{}, "")
+				if err != nil {
+					close(stop)
+					<-done
+					t.Fatalf("save %d of a changing tree: %v", i, err)
+				}
+				dst := filepath.Join(t.TempDir(), "r")
+				if _, err := w.Restore(ctx, res.Entry.ID, dst, Selection{}); err != nil {
+					t.Fatalf("restore %d: %v", i, err)
+				}
+				for _, name := range []string{"rewrite", "reopened"} {
+					got, _ := os.ReadFile(filepath.Join(dst, name))
+					if f := strings.Fields(string(got)); len(f) > 0 && strings.Count(string(got), f[0]+" ") != len(f) {
+						t.Errorf("save %d: %s is torn: %d bytes, %d words, first %q", i, name, len(got), len(f), f[0])
+					}
+				}
+				lg, _ := os.ReadFile(filepath.Join(dst, "log"))
+				if len(lg) > 0 && lg[len(lg)-1] != '\n' {
+					t.Errorf("save %d: the log ends mid-line: %q", i, lg[max(0, len(lg)-20):])
+				}
+			}
+			close(stop)
+			<-done
+		})
 	}
 }

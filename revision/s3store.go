@@ -65,12 +65,15 @@ func (s *S3Store) wrap(op, key string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case s3p.Code(err) == "NoSuchBucket":
+		// Not "no index yet": a new workspace needs a bucket.
+		return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3p.Explain(s.Bucket, err))
 	case s3p.IsNotFound(err):
 		return fmt.Errorf("%w: s3://%s/%s", ErrNotExist, s.Bucket, key)
 	case s3p.IsPrecondition(err):
 		return fmt.Errorf("%w: s3://%s/%s", ErrPrecondition, s.Bucket, key)
 	}
-	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, err)
+	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3p.Explain(s.Bucket, err))
 }
 
 func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, string, error) {
@@ -263,7 +266,7 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 		return err
 	}
 	if st.folder && name == "manifest.json" {
-		data, err := ReadAllLimited(r, MaxManifestBytes, name)
+		data, err := ReadAllLimited(r, max(size, MaxManifestBytes), name)
 		if err != nil {
 			return err
 		}
@@ -306,6 +309,50 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return st.put(ctx, key, bytes.NewReader(data), size)
 }
 
+func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done func(stamp)) error {
+	key, err := st.objectKey(name)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	st.g.Go(func() error {
+		defer f.Close()
+		stp, err := st.putStable(name, key, f)
+		if err != nil {
+			return err
+		}
+		done(stp)
+		return nil
+	})
+	return nil
+}
+
+// putStable uploads f's bytes at one instant (readStable) to key, and
+// reports them landed under name.
+func (st *s3Stager) putStable(name, key string, f *os.File) (stamp, error) {
+	stp, err := readStable(f, func(size int64, attempt int) error {
+		// A retry replaces the object our earlier try wrote: the key is
+		// under this save's own new revision.
+		return st.putObject(st.gctx, key, io.NewSectionReader(f, 0, size), size, attempt == 0, false)
+	})
+	if err != nil {
+		return stamp{}, err
+	}
+	if st.landed != nil {
+		st.landed(name, int64(stp.size))
+	}
+	return stp, nil
+}
+
+func (st *s3Stager) Flush(ctx context.Context) error {
+	err := st.g.Wait()
+	// The group is spent once waited on; later puts go to a new one.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, st.s.Parallel))
+	st.g, st.gctx = g, gctx
+	return err
+}
+
 // holdsOurBytes reports whether the object at key is exactly body: same
 // size, and an ETag equal to body's MD5 (as S3 sets for a single PUT).
 func (st *s3Stager) holdsOurBytes(ctx context.Context, key string, body io.ReadSeeker, size int64) bool {
@@ -326,44 +373,76 @@ func (st *s3Stager) holdsOurBytes(ctx context.Context, key string, body io.ReadS
 // put uploads one object with If-None-Match: *, so it never replaces one;
 // large files go up in parallel parts (s3p.Put).
 func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	return st.putObject(ctx, key, body, size, true, true)
+}
+
+// putObject uploads one object, with If-None-Match: * when create is set;
+// it records the object when record is set.
+func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeker, size int64, create, record bool) error {
 	ra, ok := body.(io.ReaderAt)
 	if !ok {
 		return fmt.Errorf("put %s: body is not seekable", key)
 	}
-	_, err := s3p.Put(ctx, st.s.Client, s3p.Upload{Bucket: st.s.Bucket, Key: key, Body: ra, Size: size, IfNoneMatch: true})
+	if create && !record {
+		// Known before it may land, for Abort; a retry (!create) was
+		// known by the first try.
+		st.mu.Lock()
+		st.written = append(st.written, key)
+		st.mu.Unlock()
+	}
+	_, err := s3p.Put(ctx, st.s.Client, s3p.Upload{Bucket: st.s.Bucket, Key: key, Body: ra, Size: size, IfNoneMatch: create})
 	if err != nil {
-		if s3p.IsPrecondition(err) {
+		if create && s3p.IsPrecondition(err) {
 			if st.holdsOurBytes(ctx, key, body, size) {
 				// Our own PUT landed and the SDK's retry of it failed
 				// its precondition.
-				st.record(key, size)
+				if record {
+					st.record(key, size)
+				}
 				return nil
 			}
 			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
 		}
 		return st.s.wrap("put", key, err)
 	}
-	st.record(key, size)
+	if record {
+		st.record(key, size)
+	}
 	return nil
 }
 
-func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string) error {
+func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*stamp)) error {
 	key, err := st.objectKey(name)
 	if err != nil {
+		closeLocal(local)
 		return err
 	}
 	src := s3p.CopySource(st.s.Bucket, st.s.key(fromKey))
 	st.g.Go(func() error {
+		defer closeLocal(local)
 		_, err := st.s.Client.CopyObject(st.gctx, &s3.CopyObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key),
 			CopySource: aws.String(src), IfNoneMatch: aws.String("*")})
-		if err != nil {
-			if s3p.IsPrecondition(err) {
-				return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
+		switch {
+		case err == nil:
+			st.record(key, 0)
+			done(nil)
+			return nil
+		case s3p.IsPrecondition(err):
+			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
+		case s3p.IsNotFound(err):
+			// The base revision was pruned: write the bytes from the
+			// tree.
+			if local == nil {
+				return baseGone(fromKey)
 			}
-			return st.s.wrap("copy", key, err)
+			stp, err := st.putStable(name, key, local)
+			if err != nil {
+				return err
+			}
+			done(&stp)
+			return nil
 		}
-		st.record(key, 0)
-		return nil
+		return st.s.wrap("copy", key, err)
 	})
 	return nil
 }

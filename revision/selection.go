@@ -2,11 +2,14 @@ package revision
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/bmatcuk/doublestar/v4"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
@@ -88,21 +91,45 @@ func (s Selection) Filter(es []TreeEntry) []TreeEntry {
 }
 
 // Snapshot walks dir and returns the selected entries, ordered by depth then
-// name. A selected symlink or special file is an UNSUPPORTED_ENTRY error
-// naming its path.
-func Snapshot(dir string, s Selection) ([]TreeEntry, error) {
+// name: files, directories and symlinks (never followed). Sockets, fifos and
+// device nodes cannot be saved; they are left out and returned as skipped,
+// by path. A name a revision cannot hold (not UTF-8, as S3 keys and JSON
+// need; a path over 4,095 bytes; a symlink target that is not UTF-8) is an
+// UNSUPPORTED_ENTRY error listing every such path.
+func Snapshot(dir string, s Selection) (entries []TreeEntry, skipped []string, err error) {
 	w := walker{root: dir, sel: s}
 	if _, err := w.walk("", nil, false); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if n := len(w.bad); n > 0 {
+		if n > 20 {
+			w.bad = append(w.bad[:20], fmt.Sprintf("and %d more", n-20))
+		}
+		return nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
 	}
 	SortEntries(w.out)
-	return w.out, nil
+	return w.out, w.skipped, nil
+}
+
+// SpecialFilesError is the UNSUPPORTED_ENTRY error of a strict save that
+// met special files: it lists every one.
+func SpecialFilesError(paths []string) error {
+	if len(paths) == 0 {
+		return nil
+	}
+	q := make([]string, 0, len(paths))
+	for _, p := range paths {
+		q = append(q, fmt.Sprintf("%q", p))
+	}
+	return amlerr.New(amlerr.UnsupportedEntry, paths[0], "%d special files (sockets, fifos or devices) in the save selection, refused by --strict-entries: %s", len(paths), strings.Join(q, ", "))
 }
 
 type walker struct {
-	root string
-	sel  Selection
-	out  []TreeEntry
+	root    string
+	sel     Selection
+	out     []TreeEntry
+	skipped []string // special files
+	bad     []string // what no revision can hold, with why
 }
 
 // walk visits the directory rel; it reports whether it selected anything.
@@ -154,7 +181,10 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 				// Insert the directory before its children.
 				w.out = append(w.out, TreeEntry{})
 				copy(w.out[mark+1:], w.out[mark:])
-				w.out[mark] = TreeEntry{Path: p, Type: TypeDir, Mode: uint32(fi.Mode().Perm())}
+				if why := unsavableName(p); why != "" {
+					w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
+				}
+				w.out[mark] = TreeEntry{Path: p, Type: TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime())}
 				any = true
 			}
 			continue
@@ -163,20 +193,52 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			continue
 		}
 		fi, err := de.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed since the listing
+		}
 		if err != nil {
 			return false, err
 		}
-		if !fi.Mode().IsRegular() {
-			kind := "special file"
-			if fi.Mode()&os.ModeSymlink != 0 {
-				kind = "symbolic link"
-			}
-			return false, amlerr.New(amlerr.UnsupportedEntry, p, "%s in the save selection; only regular files and directories can be saved (exclude it or add it to .gitignore)", kind)
+		if why := unsavableName(p); why != "" {
+			w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
+			continue
 		}
-		w.out = append(w.out, TreeEntry{Path: p, Type: TypeFile, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()})
+		e := TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime())}
+		switch {
+		case fi.Mode().IsRegular():
+			e.Type, e.Size = TypeFile, fi.Size()
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(filepath.Join(abs, de.Name()))
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return false, err
+			}
+			if !utf8.ValidString(target) || len(target) > MaxSymlinkTarget {
+				w.bad = append(w.bad, fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, MaxSymlinkTarget))
+				continue
+			}
+			e.Type, e.Target, e.Mode = TypeSymlink, target, 0o777
+		default:
+			w.skipped = append(w.skipped, p)
+			continue
+		}
+		w.out = append(w.out, e)
 		any = true
 	}
 	return any, nil
+}
+
+// unsavableName says why no revision can hold path p, or "".
+func unsavableName(p string) string {
+	switch {
+	case !utf8.ValidString(p):
+		return "the name is not UTF-8, which S3 keys and JSON manifests need"
+	case len(p) > maxPathBytes:
+		return fmt.Sprintf("the path is %d bytes, over %d", len(p), maxPathBytes)
+	}
+	return ""
 }
 
 func (s Selection) hidden(p string) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 )
 
 // Sentinel errors stores return, wrapped.
@@ -49,9 +50,24 @@ type Stager interface {
 	// Put writes name (relative to the artifact; "" for a single-object
 	// artifact) with exactly size bytes from r, or all of r if size < 0.
 	Put(ctx context.Context, name string, r io.Reader, size int64) error
+	// PutFile writes name with the bytes of the working-tree file f as
+	// they were at one instant (see readStable), and closes f. Once the
+	// object has landed it calls done with the stamp of those bytes,
+	// whose size is their length. It may work in the background: its
+	// error may surface only at Flush or Commit.
+	PutFile(ctx context.Context, name string, f *os.File, done func(stamp)) error
+	// Flush waits until everything put so far has landed.
+	Flush(ctx context.Context) error
 	// Reuse makes name a copy of the existing object fromKey without moving
-	// the bytes through amlfs (a hard link, or a server-side copy).
-	Reuse(ctx context.Context, name, fromKey string) error
+	// the bytes through amlfs (a hard link, or a server-side copy). local
+	// is the working-tree file holding the same bytes, which Reuse closes:
+	// if fromKey is gone (another writer pruned its revision), the file is
+	// written from local instead, as PutFile does; with local nil (a
+	// placeholder, whose bytes are only in the store), that is a
+	// BASE_REVISION_GONE error. done is called once
+	// name has landed, with the stamp of the bytes written from local, or
+	// nil for a copy. It may work in the background, as PutFile.
+	Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*stamp)) error
 	// Commit makes the artifact visible at its key if nothing is there yet,
 	// else returns ErrExist. Everything is durable when it returns.
 	Commit(ctx context.Context) error

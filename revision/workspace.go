@@ -36,6 +36,10 @@ type Options struct {
 	// LazyRestore restores folder revisions as placeholders whose bytes
 	// are fetched on first use (see lazy.go).
 	LazyRestore bool
+	// StrictEntries fails a save that meets a socket, fifo or device node
+	// in the selection, listing every one; by default each is left out
+	// and reported (SaveResult.Skipped).
+	StrictEntries bool
 	// Progress, if set, receives reports during restores and saves.
 	Progress func(Progress)
 	Log      *slog.Logger
@@ -62,6 +66,65 @@ type Workspace struct {
 	lazy    *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
 	version string     // GUARDED_BY(mu, imu); the index version observed
 	lease   Lease
+	// expect, once set, is the revision the tree was restored from: a
+	// save publishes only while it is still current (GUARDED_BY(mu)).
+	expect *baseExpect
+}
+
+type baseExpect struct {
+	rev     string // "" for a tree that began with no revision
+	version string // the index version when the tree was restored
+	known   bool   // version is known (a state file from before it was kept has none)
+}
+
+// Version returns the index version observed: when the workspace was
+// opened, or set by its last save ("" for no index).
+func (w *Workspace) Version() string {
+	w.imu.Lock()
+	defer w.imu.Unlock()
+	return w.version
+}
+
+// ExpectBase says that the tree the next saves publish was restored from
+// revision rev ("" for none) when the index was at version (if known): a
+// tree resumed after a crash or a failed save. A save then publishes only
+// if rev is still current and the index still at that version; otherwise
+// it fails with AML_PUBLISH_CONFLICT, before uploading anything. A resumed
+// tree is a stale writer like any other: publishing it over a revision
+// another writer published since would lose that writer's work.
+func (w *Workspace) ExpectBase(rev, version string, known bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.expect = &baseExpect{rev: rev, version: version, known: known}
+	if known {
+		w.imu.Lock()
+		w.version = version
+		w.imu.Unlock()
+	}
+}
+
+// staleBase reports a tree whose base revision is no longer current.
+// Must hold w.mu.
+func (w *Workspace) staleBase() error {
+	if w.expect == nil {
+		return nil
+	}
+	cur := ""
+	if w.index != nil {
+		cur = w.index.Current
+	}
+	if cur == w.expect.rev {
+		return nil
+	}
+	base, now := w.expect.rev, cur
+	if base == "" {
+		base = "(none: a new workspace)"
+	}
+	if now == "" {
+		now = "(none)"
+	}
+	return amlerr.New(amlerr.PublishConflict, w.opts.ID, "the working tree was restored from revision %s, but %s is current now: another writer published since. Nothing was overwritten, and the tree is kept. "+
+		"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand", base, now)
 }
 
 // Open takes the lease (unless NoLock) and loads the index. A store with no
@@ -120,6 +183,24 @@ func (w *Workspace) reload(ctx context.Context) error {
 	return nil
 }
 
+// StoreCurrent reads the index back from the store and returns the revision
+// it names current now ("" for none), without adopting it: a save stays
+// conditional on the index observed before.
+func (w *Workspace) StoreCurrent(ctx context.Context) (string, error) {
+	data, _, err := w.store.ReadIndex(ctx)
+	if errors.Is(err, ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	idx, err := ParseIndex(data)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", w.store, err)
+	}
+	return idx.Current, nil
+}
+
 // Index returns a copy of the index as last observed, or nil.
 func (w *Workspace) Index() *Index {
 	w.imu.Lock()
@@ -167,7 +248,7 @@ func (w *Workspace) Tree(ctx context.Context, e Entry) ([]TreeEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.Entries, nil
+	return m.Tree(), nil
 }
 
 func (w *Workspace) openArtifact(ctx context.Context, key string) (io.ReadCloser, error) {
@@ -185,7 +266,7 @@ func (w *Workspace) manifest(ctx context.Context, e Entry) (*Manifest, error) {
 		return nil, err
 	}
 	defer r.Close()
-	data, err := ReadAllLimited(r, MaxManifestBytes, key)
+	data, err := ReadAllLimited(r, int64(w.opts.Limits.ManifestBytes()), key)
 	if err != nil {
 		return nil, amlerr.Wrap(amlerr.InvalidStore, key, err)
 	}
@@ -246,7 +327,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	if err != nil {
 		return nil, err
 	}
-	entries := sel.Filter(m.Entries)
+	entries := sel.Filter(m.Tree())
 	var nfiles, nbytes int64
 	for _, te := range entries {
 		if te.Type == TypeFile {
@@ -261,6 +342,15 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	// at once.
 	for _, te := range entries {
 		if te.Type == TypeDir {
+			if err := mat.add(te, nil); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// Symlinks, never followed, cost nothing to make: made at once, even
+	// in a lazy restore. No entry lies beneath one (ValidateEntries).
+	for _, te := range entries {
+		if te.Type == TypeSymlink {
 			if err := mat.add(te, nil); err != nil {
 				return nil, err
 			}
@@ -326,6 +416,9 @@ type SaveResult struct {
 	Uploaded      int   // files whose bytes were written to the store
 	UploadedBytes int64 // their bytes
 	Reused        int   // unchanged files linked or copied from the previous revision
+	BaseGone      int   // unchanged files whose base object another writer pruned: uploaded instead
+	Symlinks      int
+	Skipped       []string // special files left out, by path
 	Pruned        []string
 	Elapsed       time.Duration
 }
@@ -340,7 +433,7 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	defer w.mu.Unlock()
 	start := time.Now()
 	fail := func(err error) (SaveResult, error) {
-		if amlerr.Code(err) == amlerr.SaveFailed {
+		if c := amlerr.Code(err); c == amlerr.SaveFailed || c == amlerr.PublishConflict {
 			return SaveResult{}, err
 		}
 		return SaveResult{}, amlerr.Wrap(amlerr.SaveFailed, w.opts.ID, err)
@@ -360,28 +453,48 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 			return fail(err)
 		}
 	}
+	if err := w.staleBase(); err != nil {
+		return fail(err)
+	}
+	// A writer that published since this tree was loaded makes this save
+	// stale: say so now, before uploading anything (and before reusing
+	// objects of a base revision it may have pruned). Publication below
+	// stays conditional for a writer that comes in between.
+	if _, ver, err := w.store.ReadIndex(ctx); err == nil || errors.Is(err, ErrNotExist) {
+		if ver != w.version {
+			return fail(amlerr.New(amlerr.PublishConflict, w.opts.ID, "workspace.json changed since this tree was loaded: another writer published; the previous revision is still current, nothing was overwritten, and the tree is kept. "+
+				"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand"))
+		}
+	} else {
+		return fail(fmt.Errorf("read index of %s: %w", w.store, err))
+	}
 	// 1. Snapshot (of the whole tree: lazily restored directories get
 	// their placeholders first). 2. Limits.
 	if err := w.populateAll(ctx); err != nil {
 		return fail(err)
 	}
-	entries, err := Snapshot(dir, sel)
+	entries, skipped, err := Snapshot(dir, sel)
 	if err != nil {
 		return fail(err)
 	}
-	var total int64
-	files := 0
-	for _, te := range entries {
-		if te.Type == TypeFile {
-			total += te.Size
-			files++
+	if len(skipped) > 0 && w.opts.StrictEntries {
+		return fail(SpecialFilesError(skipped))
+	}
+	for _, p := range skipped {
+		w.log.Warn("special file not saved (a socket, fifo or device)", "op", "snapshot", "path", p)
+	}
+	if w.opts.Format == FormatArchive {
+		if err := noSymlinks(entries); err != nil {
+			return fail(err)
 		}
 	}
+	total, _ := treeSize(entries)
 	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
 		return fail(err)
 	}
 	// 3. Upload.
 	entry := Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
+	_, files := treeSize(entries)
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
 	up, err := w.upload(ctx, dir, entry, entries, prog)
 	prog.finish()
@@ -407,13 +520,14 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 			w.log.Error("remove unpublished artifact", "op", "remove", "path", entry.Path, "err", rerr)
 		}
 		if errors.Is(err, ErrPrecondition) {
-			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten", err)))
+			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten, and the tree is kept", err)))
 		}
 		return fail(err)
 	}
 	w.imu.Lock()
 	w.index, w.version = next, ver
 	w.imu.Unlock()
+	w.expect = nil // the tree is now the new revision's
 	if entry.Format == FormatFolder {
 		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
 	} else {
@@ -423,7 +537,9 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	// revision, where the save copied them.
 	w.repoint(up.moves)
 	// 5. Prune, only now, and never a revision a placeholder still needs.
-	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused}
+	total, files = treeSize(up.entries)
+	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
+		BaseGone: up.baseGone, Symlinks: countType(up.entries, TypeSymlink), Skipped: skipped}
 	for _, p := range pruned {
 		if !w.fetchFrom(ctx, p.Path) {
 			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
@@ -442,7 +558,9 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 
 // uploadStats is what an upload did, and the stamps of the files it saved.
 type uploadStats struct {
+	entries          []TreeEntry // as saved: sizes and mtimes of the bytes read
 	uploaded, reused int
+	baseGone         int // reusable files whose base object was gone, uploaded instead
 	uploadedBytes    int64
 	stamps           map[string]baseFile
 	moves            map[uint64]repointTo // reused placeholders, by inode
@@ -473,7 +591,8 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		}
 		pr, pw := io.Pipe()
 		go func() {
-			_, err := WriteArchive(pw, dir, entries, w.opts.Limits)
+			var err error
+			_, up.entries, err = WriteArchive(pw, dir, entries, w.opts.Limits)
 			pw.CloseWithError(err)
 		}()
 		err := st.Put(ctx, "", pr, -1)
@@ -481,12 +600,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		if err != nil {
 			return up, err
 		}
-		for _, te := range entries {
-			if te.Type == TypeFile {
-				up.uploaded++
-				up.uploadedBytes += te.Size
-			}
-		}
+		up.uploadedBytes, up.uploaded = treeSize(up.entries)
 		return up, st.Commit(ctx)
 	}
 	// Reuse only from a base revision the index still holds.
@@ -495,7 +609,9 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		base = nil
 	}
 	up.stamps = make(map[string]baseFile, len(entries))
-	for _, te := range entries {
+	var mu sync.Mutex // guards entries, up while uploads land
+	gone := map[string]bool{}
+	for i, te := range entries {
 		if te.Type != TypeFile {
 			continue
 		}
@@ -505,31 +621,88 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		name := "files/" + te.Path
 		key, stp, ok := base.reusable(dir, te.Path)
 		if ok && stp.size == uint64(te.Size) {
-			if err := st.Reuse(ctx, name, key); err != nil {
+			f, isGone, err := openSaved(filepath.Join(dir, filepath.FromSlash(te.Path)))
+			if err != nil {
 				return up, err
 			}
-			up.reused++
-			if up.moves == nil {
-				up.moves = map[uint64]repointTo{}
+			if !isGone {
+				if isPlaceholder(f) {
+					// Its bytes are only in the base: nothing to
+					// upload from here if that is gone.
+					f.Close()
+					f = nil
+				}
+				err = st.Reuse(ctx, name, key, f, func(read *stamp) {
+					mu.Lock()
+					defer mu.Unlock()
+					if read != nil {
+						// Its base was pruned: uploaded from the tree.
+						entries[i].Size, entries[i].Mtime = int64(read.size), Mtime(read.mtime.Nano())
+						up.uploaded++
+						up.uploadedBytes += int64(read.size)
+						up.baseGone++
+						up.stamps[te.Path] = baseFile{stamp: *read, key: entry.Path + name}
+						return
+					}
+					up.reused++
+					if up.moves == nil {
+						up.moves = map[uint64]repointTo{}
+					}
+					up.moves[stp.ino] = repointTo{path: te.Path, key: entry.Path + name}
+					up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
+				})
+				if err != nil {
+					return up, err
+				}
+				continue
 			}
-			up.moves[stp.ino] = repointTo{path: te.Path, key: entry.Path + name}
-		} else {
-			// A placeholder gets its bytes before they are read.
-			if err := w.Ensure(ctx, te.Path); err != nil {
-				return up, err
-			}
-			src := filepath.Join(dir, filepath.FromSlash(te.Path))
-			stp, _ = statStamp(src) // after any fetch, before reading
-			if err := putFile(ctx, st, name, src, te.Size); err != nil {
-				return up, err
-			}
-			up.uploaded++
-			up.uploadedBytes += te.Size
 		}
-		up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
+		// A placeholder gets its bytes before they are read.
+		if err := w.Ensure(ctx, te.Path); err != nil {
+			return up, err
+		}
+		f, isGone, err := openSaved(filepath.Join(dir, filepath.FromSlash(te.Path)))
+		if err != nil {
+			return up, err
+		}
+		if isGone {
+			gone[te.Path] = true // removed or replaced since the snapshot
+			continue
+		}
+		err = st.PutFile(ctx, name, f, func(stp stamp) {
+			mu.Lock()
+			defer mu.Unlock()
+			// The manifest holds the bytes as read: their size and
+			// mtime, which may be newer than the snapshot's.
+			entries[i].Size = int64(stp.size)
+			entries[i].Mtime = Mtime(stp.mtime.Nano())
+			up.uploaded++
+			up.uploadedBytes += int64(stp.size)
+			up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
+		})
+		if err != nil {
+			return up, err
+		}
 	}
-	m := Manifest{Entries: entries}
-	data, err := m.Marshal()
+	if err := st.Flush(ctx); err != nil {
+		return up, err
+	}
+	up.entries = entries
+	if len(gone) > 0 {
+		up.entries = make([]TreeEntry, 0, len(entries))
+		for _, te := range entries {
+			if !gone[te.Path] {
+				up.entries = append(up.entries, te)
+			}
+		}
+	}
+	// Files may have grown since the snapshot's check.
+	if total, _ := treeSize(up.entries); total > 0 {
+		if err := w.opts.Limits.Check(w.opts.ID, len(up.entries), total); err != nil {
+			return up, err
+		}
+	}
+	data, err := NewManifest(up.entries).Marshal(w.opts.Limits)
 	if err != nil {
 		return up, err
 	}
@@ -539,18 +712,48 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	return up, st.Commit(ctx)
 }
 
+// treeSize returns the bytes and the number of the files in es.
+func treeSize(es []TreeEntry) (bytes int64, files int) {
+	for _, te := range es {
+		if te.Type == TypeFile {
+			bytes += te.Size
+			files++
+		}
+	}
+	return bytes, files
+}
+
+func countType(es []TreeEntry, typ string) int {
+	n := 0
+	for _, te := range es {
+		if te.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// noSymlinks refuses symlinks in an archive save: AML's archive reader
+// throws on any tar member that is not a file or a directory.
+func noSymlinks(es []TreeEntry) error {
+	var links []string
+	for _, te := range es {
+		if te.Type == TypeSymlink {
+			links = append(links, fmt.Sprintf("%q", te.Path))
+		}
+	}
+	if len(links) == 0 {
+		return nil
+	}
+	if len(links) > 20 {
+		links = append(links[:20], fmt.Sprintf("and %d more", len(links)-20))
+	}
+	return amlerr.New(amlerr.UnsupportedEntry, strings.Trim(links[0], `"`), "%d symlinks, which AML's archive format cannot hold (its reader throws on them): save with --format folder, which keeps them in a manifest extension AML ignores, or exclude them: %s", countType(es, TypeSymlink), strings.Join(links, ", "))
+}
+
 func hasRevision(idx *Index, id string) bool {
 	_, ok := idx.Find(id)
 	return ok
-}
-
-func putFile(ctx context.Context, st Stager, name, src string, size int64) error {
-	f, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return st.Put(ctx, name, f, size)
 }
 
 // cleanOrphans removes artifacts the index does not name, left by a crashed

@@ -15,10 +15,19 @@ type Caller func(ctx context.Context, name string, args json.RawMessage) (json.R
 // call forwarded to call. A tool's failure comes back as a result with
 // isError set and the structured error as its text, so the model sees it;
 // only a failure to reach the daemon is a protocol error.
-func NewMCPServer(version string, call Caller) *mcp.Server {
+//
+// With readOnly (every path of the mount is read-only), only the tools
+// that change nothing are listed, as Mastra's readOnly does. Every tool
+// carries MCP's readOnlyHint, destructiveHint and idempotentHint.
+func NewMCPServer(version string, call Caller, readOnly bool) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "amlfs", Version: version}, nil)
 	for _, t := range Tools {
-		s.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema},
+		ro, destructive, idempotent := Hints(t.Name)
+		if readOnly && !ro {
+			continue
+		}
+		ann := &mcp.ToolAnnotations{ReadOnlyHint: ro, DestructiveHint: &destructive, IdempotentHint: idempotent, OpenWorldHint: new(bool)}
+		s.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, Annotations: ann},
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 				out, err := call(ctx, t.Name, req.Params.Arguments)
 				if err != nil {

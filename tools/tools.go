@@ -36,10 +36,18 @@ import (
 
 // Limits on what one call returns.
 const (
-	MaxReadBytes   = 10 << 20 // read_file, edit_file, and files grep searches
+	MaxReadBytes = 10 << 20 // read_file, edit_file, and files grep searches
+	// MaxArgsBytes bounds a call's JSON arguments: a write_file of
+	// MaxReadBytes as base64, with room to spare.
+	MaxArgsBytes   = 2 * MaxReadBytes
 	MaxListEntries = 10000
 	MaxGrepResults = 10000
 	DefaultResults = 100
+	// MaxGrepLine bounds the bytes of one line grep matches against: RE2
+	// is linear in the input, but a line of megabytes against a pattern
+	// of many states still takes minutes, and a line is the unit at which
+	// a call's deadline is checked.
+	MaxGrepLine = 64 << 10
 )
 
 // Error is a failed call: a code (an errno name such as ENOENT, or one of
@@ -59,7 +67,14 @@ const (
 	CodeTooLarge   = "TOO_LARGE"
 	CodeUnknown    = "UNKNOWN_TOOL"
 	CodeNotRegular = "NOT_A_REGULAR_FILE"
+	CodeTimeout    = "TIMEOUT"
 )
+
+// timedOut is the error of a call that ran past its deadline, or whose
+// client went away.
+func timedOut(ctx context.Context) *Error {
+	return &Error{Code: CodeTimeout, Message: fmt.Sprintf("the call was stopped: %v (the daemon's --tool-timeout, or the client went away)", context.Cause(ctx))}
+}
 
 func (e *Error) Error() string {
 	if e.Path != "" {
@@ -87,44 +102,66 @@ func errno(p string, err error) *Error {
 
 // FS runs tool calls against the tree under a directory (the mountpoint).
 type FS struct {
-	root string
+	root   string
+	prefix string // where the sandbox sees root: paths in calls and results
 }
 
-// New serves the tree at root.
-func New(root string) *FS { return &FS{root: root} }
+// New serves the tree at root, which the sandbox sees at sandbox (the
+// same path, if empty).
+func New(root, sandbox string) *FS {
+	if sandbox == "" {
+		sandbox = root
+	}
+	return &FS{root: root, prefix: path.Clean("/" + sandbox)}
+}
 
-// rel turns a tool path ("a/b", "/a/b", "", "/") into a path relative to
-// the root ("." for the root). Escapes are left for openat2 to refuse.
-func rel(p string) (string, error) {
+// rel turns a tool path into a path relative to the root ("." for the
+// root). A path is what the sandbox's shell would use: absolute under the
+// mount's sandbox path (/workspace/a/b), or relative to the mount root
+// (a/b). An absolute path anywhere else leaves the mount. Escapes by ..
+// or symlinks are left for openat2 to refuse.
+func (t *FS) rel(p string) (string, error) {
 	if strings.IndexByte(p, 0) >= 0 {
 		return "", invalid("path contains a NUL byte")
 	}
-	p = strings.TrimLeft(p, "/")
+	if strings.HasPrefix(p, "/") {
+		c := path.Clean(p)
+		switch {
+		case c == t.prefix:
+			return ".", nil
+		case t.prefix == "/":
+			p = strings.TrimPrefix(c, "/")
+		case strings.HasPrefix(c, t.prefix+"/"):
+			p = strings.TrimPrefix(c, t.prefix+"/")
+		default:
+			return "", &Error{Code: CodeEscape, Message: fmt.Sprintf("an absolute path must be under the mount, %s (or give a path relative to it)", t.prefix), Path: p}
+		}
+	}
 	if p == "" {
 		return ".", nil
 	}
 	return p, nil
 }
 
-// show is how a path appears in results: from the mount root, with a
-// leading slash.
-func show(r string) string {
-	if r == "." {
-		return "/"
+// show is how a path appears in results: absolute, as the sandbox's shell
+// sees it.
+func (t *FS) show(r string) string {
+	if r == "." || r == "" {
+		return t.prefix
 	}
-	return "/" + path.Clean(r)
+	return path.Join(t.prefix, path.Clean(r))
 }
 
 // open resolves r beneath the root with openat2.
 func (t *FS) open(r string, flags int, mode uint32) (int, *Error) {
 	rootFD, err := unix.Open(t.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, errno(show(r), err)
+		return -1, errno(t.show(r), err)
 	}
 	defer unix.Close(rootFD)
 	fd, err := openBeneath(rootFD, r, flags, mode)
 	if err != nil {
-		return -1, resolveErr(r, err)
+		return -1, t.resolveErr(r, err)
 	}
 	return fd, nil
 }
@@ -141,18 +178,38 @@ func openBeneath(dirFD int, r string, flags int, mode uint32) (int, error) {
 }
 
 // resolveErr maps openat2's refusal to leave the root.
-func resolveErr(r string, err error) *Error {
+func (t *FS) resolveErr(r string, err error) *Error {
 	if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ELOOP) && strings.Contains(r, "..") {
-		return &Error{Code: CodeEscape, Message: "the path leaves the mount (a .. or a symlink pointing outside)", Path: show(r)}
+		return &Error{Code: CodeEscape, Message: "the path leaves the mount (a .. or a symlink pointing outside)", Path: t.show(r)}
 	}
-	return errno(show(r), err)
+	return errno(t.show(r), err)
+}
+
+// regular checks that fd, opened with O_NONBLOCK so that a fifo could not
+// hang the open, is a regular file, and makes it blocking again.
+func (t *FS) regular(fd int, r string) *Error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return errno(t.show(r), err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		return errno(t.show(r), syscall.EISDIR)
+	default:
+		return &Error{Code: CodeNotRegular, Message: "not a regular file (a fifo, socket or device): tools read and write regular files only", Path: t.show(r)}
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		return errno(t.show(r), err)
+	}
+	return nil
 }
 
 // parent opens the directory holding r and returns it with r's last name.
 func (t *FS) parent(r string) (int, string, *Error) {
 	dir, name := path.Split(r)
 	if name == "" || name == "." || name == ".." {
-		return -1, "", &Error{Code: CodeInvalid, Message: "the path must name an entry, not the mount root or ..", Path: show(r)}
+		return -1, "", &Error{Code: CodeInvalid, Message: "the path must name an entry, not the mount root or ..", Path: t.show(r)}
 	}
 	if dir == "" {
 		dir = "."
@@ -168,13 +225,24 @@ type Tool struct {
 	InputSchema map[string]any `json:"inputSchema"`
 }
 
+// Hints are a tool's annotations, as MCP's: readOnly changes nothing;
+// destructive may replace or remove what is there; idempotent has no
+// further effect when repeated with the same arguments.
+func Hints(name string) (readOnly, destructive, idempotent bool) {
+	h := map[string][3]bool{
+		"read_file": {true, false, true}, "list_files": {true, false, true}, "file_stat": {true, false, true}, "grep": {true, false, true},
+		"write_file": {false, true, true}, "edit_file": {false, true, false}, "delete": {false, true, true}, "mkdir": {false, false, true},
+	}[name]
+	return h[0], h[1], h[2]
+}
+
 func obj(required []string, props map[string]any) map[string]any {
 	return map[string]any{"type": "object", "properties": props, "required": required, "additionalProperties": false}
 }
 
 func prop(typ, desc string) map[string]any { return map[string]any{"type": typ, "description": desc} }
 
-const pathDesc = "path from the mount root: a/b.txt and /a/b.txt name the same file"
+const pathDesc = "a path as the sandbox's shell sees it: absolute under the mount (such as /workspace/a/b.txt), or relative to the mount root (a/b.txt); results give absolute paths"
 
 // Tools lists the operations, with their JSON schemas.
 var Tools = []Tool{
@@ -256,11 +324,11 @@ type PathArgs struct {
 	Path *string `json:"path"`
 }
 
-func need(p *string) (string, *Error) {
+func (t *FS) need(p *string) (string, *Error) {
 	if p == nil {
 		return "", invalid("path is required")
 	}
-	r, err := rel(*p)
+	r, err := t.rel(*p)
 	if err != nil {
 		return "", err.(*Error)
 	}
@@ -285,36 +353,41 @@ type ReadResult struct {
 	TotalLines int    `json:"totalLines,omitempty"`
 	StartLine  int    `json:"startLine,omitempty"`
 	Lines      int    `json:"lines,omitempty"`
-	Truncated  bool   `json:"truncated,omitempty"`
+	Truncated  bool   `json:"truncated"`
 }
 
 // readAll reads a regular file whole, refusing one over MaxReadBytes.
 func (t *FS) readAll(r string) ([]byte, *Error) {
-	fd, e := t.open(r, unix.O_RDONLY, 0)
+	// O_NONBLOCK: opening a fifo must not wait for a writer. It is
+	// cleared once the file is known to be regular.
+	fd, e := t.open(r, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if e != nil {
 		return nil, e
 	}
 	f := os.NewFile(uintptr(fd), r)
 	defer f.Close()
+	if e := t.regular(fd, r); e != nil {
+		return nil, e
+	}
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
 	if fi.IsDir() {
-		return nil, errno(show(r), syscall.EISDIR)
+		return nil, errno(t.show(r), syscall.EISDIR)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, &Error{Code: CodeNotRegular, Message: "not a regular file", Path: show(r)}
+		return nil, &Error{Code: CodeNotRegular, Message: "not a regular file", Path: t.show(r)}
 	}
 	if fi.Size() > MaxReadBytes {
-		return nil, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("%d bytes; the limit is %d", fi.Size(), MaxReadBytes), Path: show(r)}
+		return nil, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("%d bytes; the limit is %d", fi.Size(), MaxReadBytes), Path: t.show(r)}
 	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxReadBytes+1))
 	if err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
 	if len(data) > MaxReadBytes {
-		return nil, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("over the %d-byte limit", MaxReadBytes), Path: show(r)}
+		return nil, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("over the %d-byte limit", MaxReadBytes), Path: t.show(r)}
 	}
 	return data, nil
 }
@@ -326,7 +399,7 @@ func isText(data []byte) bool {
 
 // ReadFile reads a file.
 func (t *FS) ReadFile(a ReadArgs) (*ReadResult, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -337,7 +410,7 @@ func (t *FS) ReadFile(a ReadArgs) (*ReadResult, error) {
 	if e != nil {
 		return nil, e
 	}
-	res := &ReadResult{Path: show(r), Size: int64(len(data))}
+	res := &ReadResult{Path: t.show(r), Size: int64(len(data))}
 	if !isText(data) {
 		res.Encoding, res.Content = "base64", base64.StdEncoding.EncodeToString(data)
 		return res, nil
@@ -385,7 +458,7 @@ type WriteResult struct {
 // in the same directory, which is renamed over the path (with
 // RENAME_NOREPLACE when overwrite is false).
 func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -420,10 +493,10 @@ func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		created = false
 		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			return nil, errno(show(r), syscall.EISDIR)
+			return nil, errno(t.show(r), syscall.EISDIR)
 		}
 		if !overwrite {
-			return nil, errno(show(r), syscall.EEXIST)
+			return nil, errno(t.show(r), syscall.EEXIST)
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFREG {
 			mode = st.Mode & 0o7777
@@ -431,7 +504,7 @@ func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
 	}
 	tmp, err := writeTemp(dfd, name, data, mode)
 	if err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
 	flags := uint(0)
 	if !overwrite {
@@ -439,9 +512,9 @@ func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
 	}
 	if err := unix.Renameat2(dfd, tmp, dfd, name, flags); err != nil {
 		unix.Unlinkat(dfd, tmp, 0)
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
-	return &WriteResult{Path: show(r), Size: int64(len(data)), Created: created}, nil
+	return &WriteResult{Path: t.show(r), Size: int64(len(data)), Created: created}, nil
 }
 
 // writeTemp writes data to a new hidden file beside name.
@@ -491,7 +564,7 @@ type EditArgs struct {
 // EditFile replaces the one occurrence of old_text. The file is rewritten
 // in place, so a process that holds it open reads the new bytes next.
 func (t *FS) EditFile(a EditArgs) (*WriteResult, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -507,27 +580,30 @@ func (t *FS) EditFile(a EditArgs) (*WriteResult, error) {
 	}
 	switch n := bytes.Count(data, []byte(*a.OldText)); n {
 	case 0:
-		return nil, &Error{Code: CodeNoMatch, Message: "old_text does not occur in the file; nothing was changed", Path: show(r)}
+		return nil, &Error{Code: CodeNoMatch, Message: "old_text does not occur in the file; nothing was changed", Path: t.show(r)}
 	case 1:
 	default:
-		return nil, &Error{Code: CodeManyMatch, Message: fmt.Sprintf("old_text occurs %d times; it must occur exactly once (add context); nothing was changed", n), Path: show(r)}
+		return nil, &Error{Code: CodeManyMatch, Message: fmt.Sprintf("old_text occurs %d times; it must occur exactly once (add context); nothing was changed", n), Path: t.show(r)}
 	}
 	out := bytes.Replace(data, []byte(*a.OldText), []byte(*a.NewText), 1)
-	fd, e := t.open(r, unix.O_WRONLY, 0)
+	fd, e := t.open(r, unix.O_WRONLY|unix.O_NONBLOCK, 0)
 	if e != nil {
 		return nil, e
 	}
 	f := os.NewFile(uintptr(fd), r)
 	defer f.Close()
+	if e := t.regular(fd, r); e != nil {
+		return nil, e
+	}
 	// Write over the old bytes, then cut the rest: the file is never
 	// shorter than what has been written.
 	if _, err := f.WriteAt(out, 0); err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
 	if err := f.Truncate(int64(len(out))); err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
-	return &WriteResult{Path: show(r), Size: int64(len(out))}, nil
+	return &WriteResult{Path: t.show(r), Size: int64(len(out))}, nil
 }
 
 // --- list_files ---
@@ -553,7 +629,7 @@ type Entry struct {
 type ListResult struct {
 	Path      string  `json:"path"`
 	Entries   []Entry `json:"entries"`
-	Truncated bool    `json:"truncated,omitempty"`
+	Truncated bool    `json:"truncated"`
 }
 
 func typeOf(mode uint32) string {
@@ -583,7 +659,7 @@ func (t *FS) walk(ctx context.Context, r string, depth int, skip func(name strin
 		defer f.Close()
 		names, err := f.Readdirnames(-1)
 		if err != nil {
-			return errno(show(path.Join(r, prefix)), err)
+			return errno(t.show(path.Join(r, prefix)), err)
 		}
 		sort.Strings(names)
 		for _, name := range names {
@@ -617,7 +693,7 @@ func (t *FS) walk(ctx context.Context, r string, depth int, skip func(name strin
 
 // ListFiles lists a directory.
 func (t *FS) ListFiles(ctx context.Context, a ListArgs) (*ListResult, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -631,7 +707,7 @@ func (t *FS) ListFiles(ctx context.Context, a ListArgs) (*ListResult, error) {
 	if a.Pattern != "" && !doublestar.ValidatePattern(a.Pattern) {
 		return nil, invalid("pattern %q is not a valid glob", a.Pattern)
 	}
-	res := &ListResult{Path: show(r), Entries: []Entry{}}
+	res := &ListResult{Path: t.show(r), Entries: []Entry{}}
 	e = t.walk(ctx, r, depth, nil, func(sub string, dfd int, name string, st *unix.Stat_t) bool {
 		if a.Pattern != "" {
 			if ok, _ := doublestar.Match(a.Pattern, sub); !ok {
@@ -642,7 +718,7 @@ func (t *FS) ListFiles(ctx context.Context, a ListArgs) (*ListResult, error) {
 			res.Truncated = true
 			return false
 		}
-		res.Entries = append(res.Entries, entry(show(path.Join(r, sub)), dfd, name, st))
+		res.Entries = append(res.Entries, entry(t.show(path.Join(r, sub)), dfd, name, st))
 		return true
 	})
 	if e != nil {
@@ -667,7 +743,7 @@ func entry(p string, dfd int, name string, st *unix.Stat_t) Entry {
 
 // Stat describes a path.
 func (t *FS) Stat(a PathArgs) (*Entry, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -691,9 +767,9 @@ func (t *FS) Stat(a PathArgs) (*Entry, error) {
 	defer unix.Close(dfd)
 	var st unix.Stat_t
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
-	en := entry(show(r), dfd, name, &st)
+	en := entry(t.show(r), dfd, name, &st)
 	return &en, nil
 }
 
@@ -707,7 +783,7 @@ type MkdirResult struct {
 
 // Mkdir makes a directory and its missing parents.
 func (t *FS) Mkdir(a PathArgs) (*MkdirResult, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -741,10 +817,10 @@ func (t *FS) Mkdir(a PathArgs) (*MkdirResult, error) {
 		}
 		unix.Close(dfd)
 		if err != nil {
-			return nil, errno(show(p), err)
+			return nil, errno(t.show(p), err)
 		}
 	}
-	return &MkdirResult{Path: show(r), Created: created}, nil
+	return &MkdirResult{Path: t.show(r), Created: created}, nil
 }
 
 // --- delete ---
@@ -763,7 +839,7 @@ type DeleteResult struct {
 
 // Delete removes a file, symlink or directory.
 func (t *FS) Delete(ctx context.Context, a DeleteArgs) (*DeleteResult, error) {
-	r, e := need(a.Path)
+	r, e := t.need(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -774,26 +850,68 @@ func (t *FS) Delete(ctx context.Context, a DeleteArgs) (*DeleteResult, error) {
 	defer unix.Close(dfd)
 	var st unix.Stat_t
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		if err := unix.Unlinkat(dfd, name, 0); err != nil {
-			return nil, errno(show(r), err)
+			return nil, errno(t.show(r), err)
 		}
-		return &DeleteResult{Path: show(r), Removed: 1}, nil
+		return &DeleteResult{Path: t.show(r), Removed: 1}, nil
 	}
 	removed := 0
 	if a.Recursive {
+		// A failed call changes nothing: refuse now what would stop the
+		// removal half-way, before anything is gone.
+		if e := t.deletable(ctx, r, dfd, name, &st); e != nil {
+			return nil, e
+		}
 		n, err := removeContents(ctx, dfd, name)
 		removed += n
 		if err != nil {
-			return nil, errno(show(r), err)
+			return nil, errno(t.show(r), err)
 		}
 	}
 	if err := unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR); err != nil {
-		return nil, errno(show(r), err)
+		return nil, errno(t.show(r), err)
 	}
-	return &DeleteResult{Path: show(r), Removed: removed + 1}, nil
+	return &DeleteResult{Path: t.show(r), Removed: removed + 1}, nil
+}
+
+// deletable checks, before a recursive delete of directory r (name in
+// dfd, with st) removes anything, what would stop it half-way: a live
+// mount's root at r or anywhere beneath it (its prefix cannot be removed:
+// EBUSY, after its host directory had been emptied), and a read-only
+// directory (EROFS), probed with a chmod to r's own mode. Mounts are told
+// apart by the tag in bits 48-63 of their inode numbers.
+func (t *FS) deletable(ctx context.Context, r string, dfd int, name string, st *unix.Stat_t) *Error {
+	var pst unix.Stat_t
+	if err := unix.Fstat(dfd, &pst); err != nil {
+		return errno(t.show(r), err)
+	}
+	tag := func(ino uint64) uint64 { return ino >> 48 }
+	busy := func(p string) *Error {
+		return &Error{Code: "EBUSY", Message: fmt.Sprintf("%s is a live mount's root; a recursive delete would empty it and then fail there, so nothing was removed", t.show(p)), Path: t.show(r)}
+	}
+	if tag(st.Ino) != tag(pst.Ino) {
+		return busy(r)
+	}
+	if err := unix.Fchmodat(dfd, name, st.Mode&0o7777, 0); err != nil {
+		return errno(t.show(r), err)
+	}
+	var found *Error
+	if e := t.walk(ctx, r, 0, nil, func(sub string, _ int, _ string, cst *unix.Stat_t) bool {
+		if tag(cst.Ino) != tag(st.Ino) {
+			found = busy(path.Join(r, sub))
+			return false
+		}
+		return true
+	}); e != nil {
+		return e
+	}
+	if ctx.Err() != nil {
+		return timedOut(ctx)
+	}
+	return found
 }
 
 // removeContents empties directory name under dfd, never following a
@@ -861,7 +979,7 @@ type Match struct {
 type GrepResult struct {
 	Matches      []Match `json:"matches"`
 	FilesScanned int     `json:"filesScanned"`
-	Truncated    bool    `json:"truncated,omitempty"`
+	Truncated    bool    `json:"truncated"`
 }
 
 // Grep searches files under a path. It runs inside the daemon: one call
@@ -874,7 +992,7 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 	if err != nil {
 		return nil, invalid("pattern: %v", err)
 	}
-	r, e := rel(a.Path)
+	r, e := t.rel(a.Path)
 	if e != nil {
 		return nil, e
 	}
@@ -887,6 +1005,7 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 	}
 	limit = min(limit, MaxGrepResults)
 	res := &GrepResult{Matches: []Match{}}
+	stopped := false
 	search := func(p string, fd int) bool {
 		f := os.NewFile(uintptr(fd), p)
 		defer f.Close()
@@ -896,7 +1015,11 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 		}
 		res.FilesScanned++
 		for i, line := range bytes.Split(data, []byte("\n")) {
-			if re.Match(line) {
+			if ctx.Err() != nil {
+				stopped = true
+				return false
+			}
+			if re.Match(line[:min(len(line), MaxGrepLine)]) {
 				if len(res.Matches) == limit {
 					res.Truncated = true
 					return false
@@ -911,13 +1034,19 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 		return true
 	}
 	// A file path searches that file.
-	if fd, e := t.open(r, unix.O_RDONLY|unix.O_NOFOLLOW, 0); e == nil {
-		var st unix.Stat_t
-		if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
-			search(show(r), fd)
+	if fd, e := t.open(r, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0); e == nil {
+		e := t.regular(fd, r)
+		if e == nil {
+			search(t.show(r), fd)
+			if stopped {
+				return nil, timedOut(ctx)
+			}
 			return res, nil
 		}
 		unix.Close(fd)
+		if e.Code == CodeNotRegular {
+			return nil, e
+		}
 	}
 	werr := t.walk(ctx, r, 0, func(name string) bool { return name == ".git" }, func(sub string, dfd int, name string, st *unix.Stat_t) bool {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > MaxReadBytes {
@@ -928,12 +1057,19 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 				return true
 			}
 		}
-		fd, err := openBeneath(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW, 0)
+		fd, err := openBeneath(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 		if err != nil {
 			return true
 		}
-		return search(show(path.Join(r, sub)), fd)
+		if t.regular(fd, path.Join(r, sub)) != nil {
+			unix.Close(fd) // swapped for a fifo or a device since the listing
+			return true
+		}
+		return search(t.show(path.Join(r, sub)), fd)
 	})
+	if stopped || ctx.Err() != nil {
+		return nil, timedOut(ctx)
+	}
 	if werr != nil {
 		return nil, werr
 	}

@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func setup(t *testing.T) (*FS, string) {
@@ -23,7 +25,7 @@ func setup(t *testing.T) (*FS, string) {
 	os.Symlink("../secret", filepath.Join(root, "escape"))
 	os.Symlink("/etc/passwd", filepath.Join(root, "abs"))
 	os.Symlink("a.txt", filepath.Join(root, "inside"))
-	return New(root), root
+	return New(root, "/"), root
 }
 
 func call(t *testing.T, fs *FS, name, args string) (map[string]any, *Error) {
@@ -206,7 +208,8 @@ func TestListStatMkdirGrep(t *testing.T) {
 }
 
 func FuzzCall(f *testing.F) {
-	for _, s := range []string{`{"path":"a.txt"}`, `{"path":"../x"}`, `{"pattern":"a+","path":"dir"}`, `{"path":"d","content":"x"}`, `[`, `{"path":null}`} {
+	for _, s := range []string{`{"path":"a.txt"}`, `{"path":"../x"}`, `{"pattern":"a+","path":"dir"}`, `{"path":"d","content":"x"}`, `[`, `{"path":null}`,
+		`{"path":"/workspace/a.txt"}`, `{"path":"/workspace/../etc"}`, `{"path":"/a.txt"}`, `{"path":"fifo"}`, `{"path":"sock"}`, `{"pattern":"a","path":"/workspace"}`} {
 		f.Add("read_file", s)
 		f.Add("grep", s)
 		f.Add("list_files", s)
@@ -214,13 +217,21 @@ func FuzzCall(f *testing.F) {
 	f.Fuzz(func(t *testing.T, tool, args string) {
 		root := t.TempDir()
 		os.WriteFile(filepath.Join(root, "a.txt"), []byte("a\n"), 0o644)
-		fs := New(filepath.Join(root))
+		// A fifo and a socket: no call may hang on them.
+		syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644)
+		syscall.Mknod(filepath.Join(root, "sock"), syscall.S_IFSOCK|0o644, 0)
+		fs := New(root, "/workspace")
 		switch tool {
 		case "read_file", "list_files", "file_stat", "grep":
 		default:
 			return // only tools that change nothing: the fuzzer must not fill the disk
 		}
-		out, err := fs.Call(context.Background(), tool, json.RawMessage(args))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := fs.Call(ctx, tool, json.RawMessage(args))
+		if ctx.Err() != nil {
+			t.Fatalf("%s %s ran into its deadline", tool, args)
+		}
 		if err != nil {
 			var e *Error
 			if !errors.As(err, &e) || e.Code == "" {
@@ -232,4 +243,102 @@ func FuzzCall(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// Paths are the sandbox's: absolute under the mount's sandbox path, or
+// relative to the mount root; results are absolute; an absolute path
+// elsewhere leaves the mount.
+func TestSandboxPaths(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "report.md"), []byte("r\n"), 0o644)
+	fs := New(root, "/workspace")
+	for _, p := range []string{"/workspace/report.md", "report.md", "./report.md", "/workspace/./report.md"} {
+		m, e := call(t, fs, "read_file", `{"path":"`+p+`"}`)
+		if e != nil || m["path"] != "/workspace/report.md" {
+			t.Errorf("read_file %s: %v %v", p, m, e)
+		}
+	}
+	for _, p := range []string{"/report.md", "/workspacex/report.md", "/etc/passwd", "/"} {
+		if _, e := call(t, fs, "read_file", `{"path":"`+p+`"}`); e == nil || e.Code != CodeEscape {
+			t.Errorf("read_file %s: %v, want %s", p, e, CodeEscape)
+		}
+	}
+	m, e := call(t, fs, "list_files", `{"path":"/workspace"}`)
+	if e != nil || !strings.Contains(string(mustJSON(m)), "/workspace/report.md") {
+		t.Errorf("list_files /workspace: %v %v", m, e)
+	}
+}
+
+func mustJSON(v any) []byte {
+	data, _ := json.Marshal(v)
+	return data
+}
+
+// A fifo never hangs a call: read_file and edit_file refuse it with
+// NOT_A_REGULAR_FILE at once, and grep skips it, named or found.
+func TestFifoNeverHangs(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "a.txt"), []byte("needle\n"), 0o644)
+	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs := New(root, "/")
+	for _, c := range []struct{ tool, args, code string }{
+		{"read_file", `{"path":"fifo"}`, CodeNotRegular},
+		{"edit_file", `{"path":"fifo","old_text":"a","new_text":"b"}`, CodeNotRegular},
+		{"grep", `{"pattern":"needle","path":"fifo"}`, CodeNotRegular},
+		{"grep", `{"pattern":"needle"}`, ""},
+	} {
+		done := make(chan *Error, 1)
+		go func() { _, e := call(t, fs, c.tool, c.args); done <- e }()
+		select {
+		case e := <-done:
+			if (c.code == "" && e != nil) || (c.code != "" && (e == nil || e.Code != c.code)) {
+				t.Errorf("%s %s: %v, want %q", c.tool, c.args, e, c.code)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s %s hangs on a fifo", c.tool, c.args)
+		}
+	}
+}
+
+// grep stops mid-file at its deadline, with TIMEOUT, and a single long line
+// is matched on its first MaxGrepLine bytes only.
+func TestGrepDeadline(t *testing.T) {
+	root := t.TempDir()
+	line := strings.Repeat("ab ", 333) + "\n"
+	os.WriteFile(filepath.Join(root, "slow.txt"), []byte(strings.Repeat(line, 10000)), 0o644)
+	os.WriteFile(filepath.Join(root, "one-line.txt"), []byte(strings.Repeat("ab ", 3<<20)), 0o644)
+	fs := New(root, "/")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := fs.Call(ctx, "grep", json.RawMessage(`{"pattern":"(\\w+\\s*){200}z","path":"slow.txt"}`))
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeTimeout || time.Since(start) > 5*time.Second {
+		t.Errorf("grep past its deadline: %v after %s", err, time.Since(start))
+	}
+	start = time.Now()
+	if _, err := fs.Call(context.Background(), "grep", json.RawMessage(`{"pattern":"(\\w+\\s*){200}z","path":"one-line.txt"}`)); err != nil || time.Since(start) > 10*time.Second {
+		t.Errorf("grep of one 9 MiB line: %v after %s", err, time.Since(start))
+	}
+}
+
+// Every answer that can be cut says whether it was: truncated is always
+// present.
+func TestTruncatedAlwaysPresent(t *testing.T) {
+	root := t.TempDir()
+	os.WriteFile(filepath.Join(root, "a.txt"), []byte("x\n"), 0o644)
+	fs := New(root, "/")
+	for _, c := range []struct{ tool, args string }{
+		{"read_file", `{"path":"a.txt"}`}, {"list_files", `{"path":"."}`}, {"grep", `{"pattern":"x"}`},
+	} {
+		m, e := call(t, fs, c.tool, c.args)
+		if e != nil {
+			t.Fatal(e)
+		}
+		if v, ok := m["truncated"]; !ok || v != false {
+			t.Errorf("%s: truncated = %v, %v", c.tool, v, ok)
+		}
+	}
 }

@@ -2,10 +2,13 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"sort"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
+	"gopkg.in/yaml.v3"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
@@ -32,7 +35,14 @@ func withConfigFile(cmd *cli.Command) *cli.Command {
 	}
 	cmd.Flags = flags
 	load := altsrc.InitInputSourceWithContext(flags, altsrc.NewYamlSourceFromFlagFunc("config"))
+	known := map[string]bool{}
+	for _, f := range flags {
+		known[f.Names()[0]] = true
+	}
 	cmd.Before = func(c *cli.Context) error {
+		if err := unknownKeys(c.String("config"), known); err != nil {
+			return err
+		}
 		if err := load(c); err != nil {
 			return amlerr.New(amlerr.InvalidConfig, c.String("config"), "config file: %v", err)
 		}
@@ -76,4 +86,31 @@ func fromEnv(f cli.Flag) {
 	case *cli.DurationFlag:
 		f.EnvVars = env
 	}
+}
+
+// unknownKeys refuses a config file with a key that names no flag: a typo
+// such as "exlude:" must not silently save what it meant to leave out.
+func unknownKeys(file string, known map[string]bool) error {
+	if file == "" {
+		return nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return amlerr.New(amlerr.InvalidConfig, file, "config file: %v", err)
+	}
+	var keys map[string]any
+	if err := yaml.Unmarshal(data, &keys); err != nil {
+		return amlerr.New(amlerr.InvalidConfig, file, "config file: %v", err)
+	}
+	var bad []string
+	for k := range keys {
+		if !known[k] || k == "config" {
+			bad = append(bad, k)
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return amlerr.New(amlerr.InvalidConfig, file, "config file: unknown key(s) %s; keys are the flag names without their dashes, such as store, exclude, mount", strings.Join(bad, ", "))
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -70,5 +71,34 @@ func TestFlagSources(t *testing.T) {
 	}
 	if got != [3]string{"file:///from/env", "cli-id", "7"} {
 		t.Errorf("store, id, retention = %q", got)
+	}
+}
+
+// A key that names no flag (a typo) fails the command with INVALID_CONFIG,
+// naming the key, before anything runs.
+func TestConfigUnknownKey(t *testing.T) {
+	for _, tc := range []struct{ yaml, bad string }{
+		{"store: file:///s\nexlude: ['*.key']\n", "exlude"},
+		{"config: other.yaml\n", "config"},
+	} {
+		file := filepath.Join(t.TempDir(), "c.yaml")
+		os.WriteFile(file, []byte(tc.yaml), 0o600)
+		cmd := mountCommand()
+		ran := false
+		cmd.Action = func(c *cli.Context) error { ran = true; return nil }
+		app := &cli.App{Name: "amlfs", Commands: []*cli.Command{cmd}, Writer: io.Discard, ErrWriter: io.Discard}
+		err := app.Run([]string{"amlfs", "mount", "--config", file, "/mnt/x"})
+		if amlerr.Code(err) != amlerr.InvalidConfig || !strings.Contains(err.Error(), tc.bad) || ran {
+			t.Errorf("%q: %v (ran %v)", tc.yaml, err, ran)
+		}
+	}
+	// Every flag name is a valid key.
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(file, []byte("exclude: ['*.key']\nstrict-entries: true\nmax-bytes: 2GiB\n"), 0o600)
+	cmd := mountCommand()
+	cmd.Action = func(c *cli.Context) error { return nil }
+	app := &cli.App{Name: "amlfs", Commands: []*cli.Command{cmd}, Writer: io.Discard, ErrWriter: io.Discard}
+	if err := app.Run([]string{"amlfs", "mount", "--config", file, "/mnt/x"}); err != nil {
+		t.Error(err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
@@ -24,12 +25,13 @@ func execCommand() *cli.Command {
 		Name:  "exec",
 		Usage: "mount, run CMD with its working directory in the mount, save per --save, unmount, and exit with CMD's status",
 		Description: "--save on-success (the default) saves only if CMD exits 0, always saves anyway, never does not save. " +
-			"SIGTERM and SIGINT are forwarded to CMD, and a signal before CMD ends skips the save unless --save always. " +
+			"SIGTERM and SIGINT are forwarded to CMD: one that exits 0 after it is saved; one still running after --stop-timeout (or at a second signal) is killed. " +
 			"If the save fails, amlfs exits 4 and prints the save error and CMD's status.",
 		ArgsUsage: "MOUNTPOINT -- CMD [ARGS...]",
 		Flags: append(mountFlags(),
 			&cli.StringFlag{Name: "cwd", Usage: "CMD's working directory, relative to the mount root"},
 			&cli.StringFlag{Name: "revision", Usage: "caller-chosen id for the revision the run saves"},
+			&cli.DurationFlag{Name: "stop-timeout", Value: 8 * time.Second, Usage: "after a forwarded SIGTERM or SIGINT, how long CMD may take to exit before its process group is killed (inside Docker's 10 s grace); a second signal kills at once"},
 		),
 		Action: func(c *cli.Context) error {
 			args := c.Args().Slice()
@@ -67,8 +69,10 @@ func execCommand() *cli.Command {
 				cl.Unmount(context.WithoutCancel(c.Context), true, "")
 				return amlerr.New(amlerr.InvalidConfig, c.String("cwd"), "--cwd must name a directory in the mount")
 			}
-			status, cancelled, runErr := runIn(cwd, argv, sigs, c)
-			save := cfg.Save == mount.SaveAlways || cfg.Save == mount.SaveOnSuccess && status == 0 && !cancelled
+			status, cancelled, runErr := runIn(cwd, argv, sigs, c.Duration("stop-timeout"), c)
+			// The command's status decides: one that traps SIGTERM,
+			// finishes its work and exits 0 has succeeded.
+			save := cfg.Save == mount.SaveAlways || cfg.Save == mount.SaveOnSuccess && status == 0
 			res, err := cl.Unmount(context.WithoutCancel(c.Context), !save, c.String("revision"))
 			if err != nil {
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: unmount: %v (command exited %d)\n", err, status)
@@ -84,6 +88,9 @@ func execCommand() *cli.Command {
 			switch {
 			case res.Saved != nil:
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: saved revision %s; the command exited %d\n", res.Saved.Revision, status)
+				if n := res.Saved.Note(); n != "" {
+					fmt.Fprintln(c.App.ErrWriter, "amlfs: "+n)
+				}
 			case save:
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: nothing to save; the command exited %d\n", status)
 			default:
@@ -100,7 +107,7 @@ func execCommand() *cli.Command {
 // runIn runs argv in dir with the caller's stdio, forwarding SIGTERM and
 // SIGINT. It returns the exit status (128+N for a signal N), and whether
 // a signal came before the command ended.
-func runIn(dir string, argv []string, sigs chan os.Signal, c *cli.Context) (int, bool, error) {
+func runIn(dir string, argv []string, sigs chan os.Signal, stopTimeout time.Duration, c *cli.Context) (int, bool, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
@@ -128,15 +135,32 @@ func runIn(dir string, argv []string, sigs chan os.Signal, c *cli.Context) (int,
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	send := func(s syscall.Signal) {
+		if group {
+			syscall.Kill(-cmd.Process.Pid, s)
+		} else {
+			cmd.Process.Signal(s)
+		}
+	}
+	var deadline <-chan time.Time
 	for {
 		select {
 		case s := <-sigs:
-			cancelled = true
-			if group {
-				syscall.Kill(-cmd.Process.Pid, s.(syscall.Signal))
-			} else {
-				cmd.Process.Signal(s)
+			if cancelled {
+				// A second signal: the caller means it now.
+				send(syscall.SIGKILL)
+				continue
 			}
+			cancelled = true
+			send(s.(syscall.Signal))
+			// docker stop waits 10 s, then kills amlfs too: the command
+			// gets stopTimeout to finish, then its group is killed, and
+			// amlfs still saves per policy before Docker's SIGKILL.
+			deadline = time.After(stopTimeout)
+		case <-deadline:
+			fmt.Fprintf(c.App.ErrWriter, "amlfs: the command did not stop within --stop-timeout %s; killing it\n", stopTimeout)
+			send(syscall.SIGKILL)
+			deadline = nil
 		case err := <-done:
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {

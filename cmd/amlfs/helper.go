@@ -27,7 +27,7 @@ var helperIgnored = map[string]bool{
 }
 
 // helperFuse are options passed on to the FUSE mount.
-var helperFuse = map[string]bool{"allow_other": true, "default_permissions": true, "ro": true, "uid": true, "gid": true, "umask": true}
+var helperFuse = map[string]bool{"allow_other": true, "default_permissions": true, "noallow_other": true, "no_default_permissions": true, "ro": true, "uid": true, "gid": true, "umask": true}
 
 // helperArgs turns a mount helper call,
 //

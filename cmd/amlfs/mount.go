@@ -47,7 +47,26 @@ func mountFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "mount", Usage: "live mount /PREFIX=file:///host/dir[,ro] or /PREFIX=s3://bucket/prefix[,ro] beside the workspace (repeatable)"},
 		&cli.StringFlag{Name: "cache-size", Value: "10GiB", Usage: "bound of the S3 live mounts' local data cache (bytes, or with KiB, MiB, GiB, TiB)"},
 		&cli.DurationFlag{Name: "metadata-ttl", Value: mount.DefaultMetadataTTL, Usage: "how long S3 live mounts trust listings and metadata before asking the bucket again"},
-	}, s3Flags()...)
+		&cli.DurationFlag{Name: "tool-timeout", Value: mount.DefaultToolTimeout, Usage: "longest a file-tool call may run (grep is stopped mid-file)"},
+		&cli.StringFlag{Name: "sandbox-path", Usage: "where the sandbox sees the mount, if not at MOUNTPOINT (a container that bind-mounts it at /workspace): file tools take and give paths under it"},
+		&cli.BoolFlag{Name: "strict-entries", Usage: "fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"},
+	}, append(limitFlags(), s3Flags()...)...)
+}
+
+// limitFlags bound what a revision may hold, on save and on load; the
+// defaults are AML's, whose readers need the same limits to load a
+// revision over them.
+func limitFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "max-entries", Value: revision.DefaultLimits.Entries, Usage: "most entries (files, directories, symlinks) a revision may hold; the manifest bound of 4MiB grows in proportion above the default"},
+		&cli.StringFlag{Name: "max-bytes", Value: "1GiB", Usage: "most bytes of files a revision may hold (bytes, or with KiB, MiB, GiB, TiB)"},
+		&cli.StringFlag{Name: "max-archive-bytes", Value: "256MiB", Usage: "largest compressed archive revision (bytes, or with KiB, MiB, GiB, TiB)"},
+	}
+}
+
+// limitsOf reads the limit flags.
+func limitsOf(c *cli.Context) (revision.Limits, error) {
+	return mount.ParseLimits(c.Int("max-entries"), c.String("max-bytes"), c.String("max-archive-bytes"))
 }
 
 func s3Flags() []cli.Flag {
@@ -76,6 +95,8 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
 		Restore: c.String("restore"), Prefetch: c.Int("prefetch"), Mounts: c.StringSlice("mount"),
 		CacheSizeText: c.String("cache-size"), MetadataTTL: c.Duration("metadata-ttl"),
+		StrictEntries: c.Bool("strict-entries"), MaxEntries: c.Int("max-entries"), SandboxPath: c.String("sandbox-path"), ToolTimeout: c.Duration("tool-timeout"),
+		MaxBytesText: c.String("max-bytes"), MaxArchiveBytesText: c.String("max-archive-bytes"),
 	}
 }
 
@@ -157,11 +178,13 @@ func mountCommand() *cli.Command {
 // and returns once the child reports the mount ready, or fails with the
 // child's error and exit status.
 func daemonize(c *cli.Context, cfg mount.Config) error {
-	if err := os.MkdirAll(mount.RuntimeDir(), 0o700); err != nil {
+	if _, err := mount.EnsureRuntimeDir(); err != nil {
 		return err
 	}
 	logPath := mount.LogPath(cfg.Mountpoint)
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// Never through a symlink: the runtime dir is ours (EnsureRuntimeDir),
+	// and the log is a plain file in it.
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
@@ -175,7 +198,7 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	args := []string{"--log-level", c.String("log-level"), "--log-format", c.String("log-format"), "mount"}
 	for _, f := range c.Command.Flags {
 		name := f.Names()[0]
-		if name == "daemon" || name == "id" || name == "cwd" || name == "revision" || !c.IsSet(name) {
+		if name == "daemon" || name == "id" || name == "cwd" || name == "revision" || name == "stop-timeout" || !c.IsSet(name) {
 			continue
 		}
 		switch v := c.Value(name).(type) {
@@ -257,6 +280,15 @@ func unmountCommand() *cli.Command {
 				return err
 			}
 			res, err := cl.Unmount(c.Context, c.Bool("no-save"), c.String("revision"))
+			if err == mount.ErrNotRunning && mount.IsDeadMount(mp) {
+				// The daemon died (kill -9, a crash): nothing can save
+				// now, but the dead mount must not stay behind.
+				if err := mount.Detach(mp); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: %s was a dead mount (its daemon is gone); unmounted it without saving. The working tree is kept in the cache dir: the next mount of the workspace resumes it\n", mp)
+				return nil
+			}
 			if err == mount.ErrNotRunning {
 				// A retried unmount: report the final state, change
 				// nothing, and exit 0.
@@ -282,6 +314,9 @@ func unmountCommand() *cli.Command {
 			}
 			if res.Saved != nil {
 				fmt.Fprintln(c.App.Writer, res.Saved.Revision)
+				if n := res.Saved.Note(); n != "" {
+					fmt.Fprintln(c.App.ErrWriter, "amlfs: "+n)
+				}
 			}
 			return nil
 		},
@@ -304,6 +339,9 @@ func commitCommand() *cli.Command {
 				return notRunning(mp, err)
 			}
 			fmt.Fprintln(c.App.Writer, info.Revision)
+			if n := info.Note(); n != "" {
+				fmt.Fprintln(c.App.ErrWriter, "amlfs: "+n)
+			}
 			return nil
 		},
 	}
@@ -392,7 +430,8 @@ func statusCommand() *cli.Command {
 				fmt.Fprintf(w, "mount:       %s = %s (%s): %s\n", m.Prefix, m.URL, mode, m.Health)
 			}
 			if st.LastSave != nil {
-				fmt.Fprintf(w, "last save:   %s at %s (%d files, %d bytes)\n", st.LastSave.Revision, st.LastSave.At.Format(time.RFC3339), st.LastSave.Files, st.LastSave.Bytes)
+				fmt.Fprintf(w, "last save:   %s at %s (%d files, %d symlinks, %d bytes; %d special files left out)\n", st.LastSave.Revision, st.LastSave.At.Format(time.RFC3339),
+					st.LastSave.Files, st.LastSave.Symlinks, st.LastSave.Bytes, st.LastSave.SpecialFilesSkipped)
 			}
 			return nil
 		},

@@ -26,7 +26,7 @@ func storeFlags() []cli.Flag {
 		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
 		&cli.StringFlag{Name: "id", Usage: "workspace identity", Required: true},
 		&cli.BoolFlag{Name: "json"},
-	}, s3Flags()...)
+	}, append(limitFlags(), s3Flags()...)...)
 }
 
 // openWorkspace opens the workspace named by --store and --id. Readers
@@ -53,6 +53,9 @@ func openWorkspaceFor(c *cli.Context, lock, publish bool, opts revision.Options)
 	}
 	opts.ID = c.String("id")
 	opts.NoLock = !lock
+	if opts.Limits, err = limitsOf(c); err != nil {
+		return nil, err
+	}
 	ws, err := revision.Open(c.Context, st, opts)
 	if err != nil {
 		return nil, err
@@ -154,11 +157,14 @@ func revisionsCommand() *cli.Command {
 					}
 					fmt.Fprintf(c.App.Writer, "revision %s (%s, %s): %d entries, %d bytes\n", e.ID, e.Format, e.CreatedAt, info.Entries, info.Bytes)
 					for _, te := range tree {
-						kind := "f"
-						if te.Type == revision.TypeDir {
+						kind, name := "f", te.Path
+						switch te.Type {
+						case revision.TypeDir:
 							kind = "d"
+						case revision.TypeSymlink:
+							kind, name = "l", te.Path+" -> "+te.Target
 						}
-						fmt.Fprintf(c.App.Writer, "%s %04o %12d  %s\n", kind, te.Mode, te.Size, te.Path)
+						fmt.Fprintf(c.App.Writer, "%s %04o %12d  %s\n", kind, te.Mode, te.Size, name)
 					}
 					return nil
 				},
@@ -281,8 +287,11 @@ func describeChange(ch revision.Change) string {
 }
 
 func sizeOf(typ string, size int64) string {
-	if typ == revision.TypeDir {
+	switch typ {
+	case revision.TypeDir:
 		return "directory"
+	case revision.TypeSymlink:
+		return "symlink"
 	}
 	return fmt.Sprintf("%d bytes", size)
 }

@@ -67,10 +67,17 @@ func mcpCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := cl.Status(c.Context); err != nil {
+			st, err := cl.Status(c.Context)
+			if err != nil {
 				return notRunning(mp, err)
 			}
-			return tools.NewMCPServer(buildVersion(), cl.Tool).Run(c.Context, &mcp.StdioTransport{})
+			// Every path is read-only: no workspace, and only ro live
+			// mounts.
+			readOnly := st.Store == mount.StoreNone
+			for _, m := range st.Mounts {
+				readOnly = readOnly && m.RO
+			}
+			return tools.NewMCPServer(buildVersion(), cl.Tool, readOnly).Run(c.Context, &mcp.StdioTransport{})
 		},
 	}
 }

@@ -1,5 +1,5 @@
-// Package local is the host-directory live mount (file:///host/dir): a
-// go-fuse loopback over the directory, optionally read-only, whose kernel
+// Package local is the host-directory live mount (file:///host/dir): the
+// handle-based loopback (fuse/loopback) over the directory, optionally read-only, whose kernel
 // caches follow changes made on the host. Durability is the host
 // directory's own; nothing here is part of workspace revisions.
 //
@@ -23,6 +23,7 @@ import (
 	"time"
 
 	amlfuse "github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/fuse/loopback"
 	"github.com/fsnotify/fsnotify"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -76,7 +77,8 @@ func New(opts Options) (*Provider, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory", opts.Dir)
 	}
-	lroot, err := gofs.NewLoopbackRoot(opts.Dir)
+	// A miss is cached for Timeout too, not for the workspace's hour.
+	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.RO, Tag: opts.Tag, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shared: true})
 	if err != nil {
 		return nil, err
 	}
@@ -85,13 +87,7 @@ func New(opts Options) (*Provider, error) {
 		return nil, fmt.Errorf("fsnotify: %w", err)
 	}
 	p := &Provider{opts: opts, watcher: w, watched: map[string]bool{}, done: make(chan struct{})}
-	ln := lroot.(*gofs.LoopbackNode)
-	// go-fuse numbers a loopback inode rot32(st.Dev) ^ rot32(root.Dev) ^
-	// st.Ino; flipping bits 16-31 of root.Dev flips bits 48-63 of every
-	// inode number of this mount.
-	ln.RootData.Dev ^= uint64(opts.Tag) << 16
-	p.root = &node{LoopbackNode: ln, p: p}
-	ln.RootData.RootNode = p.root
+	p.root = &node{Node: lroot, p: p}
 	go p.watch()
 	return p, nil
 }
@@ -101,11 +97,7 @@ func (p *Provider) Root() gofs.InodeEmbedder { return p.root }
 
 // RootAttr is the stable identity of the root node.
 func (p *Provider) RootAttr() (gofs.StableAttr, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(p.opts.Dir, &st); err != nil {
-		return gofs.StableAttr{}, err
-	}
-	return gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: st.Ino ^ uint64(p.opts.Tag)<<48}, nil
+	return p.root.StableAttrOf()
 }
 
 // Health reports whether the host directory is reachable.
@@ -172,7 +164,7 @@ func (p *Provider) watch() {
 // attributes and pages of the file if the kernel knows it.
 func (p *Provider) invalidate(ev fsnotify.Event) {
 	rel, err := filepath.Rel(p.opts.Dir, ev.Name)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+	if err != nil || strings.HasPrefix(rel, "..") {
 		return
 	}
 	if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
@@ -183,6 +175,9 @@ func (p *Provider) invalidate(ev fsnotify.Event) {
 		}
 		p.mu.Unlock()
 	}
+	if rel == "." {
+		return // the root itself: rerooted at the next lookup in it
+	}
 	parent := p.root.EmbeddedInode()
 	parts := strings.Split(filepath.ToSlash(rel), "/")
 	for _, name := range parts[:len(parts)-1] {
@@ -191,8 +186,21 @@ func (p *Provider) invalidate(ev fsnotify.Event) {
 		}
 	}
 	name := parts[len(parts)-1]
-	if child := parent.GetChild(name); child != nil && !ev.Has(fsnotify.Create) {
-		child.NotifyContent(0, 0)
+	if child := parent.GetChild(name); child != nil {
+		if sa, err := parent.Operations().(*node).ChildAttr(name); err == nil && sa == child.StableAttr() {
+			// (Every node of the tree is a *node: WrapChild.)
+			// The name still names the inode the kernel knows (a
+			// change made through this mount, or a chmod or write on
+			// the host): drop its attributes and pages, not its entry.
+			// Dropping the entry of a directory unhashes it, and a
+			// process whose working directory it is then gets ENOENT
+			// from getcwd.
+			child.NotifyContent(0, 0)
+			return
+		}
+		if !ev.Has(fsnotify.Create) {
+			child.NotifyContent(0, 0)
+		}
 	}
 	if !ev.Has(fsnotify.Write) {
 		parent.NotifyEntry(name)
@@ -207,225 +215,57 @@ func (p *Provider) Refresh(rel string) error {
 	return nil
 }
 
-// node is the loopback node of a local mount.
+// node is the loopback node of a local mount: the handle-based loopback,
+// with every directory the kernel looks into watched.
 type node struct {
-	*gofs.LoopbackNode
+	*loopback.Node
 	p *Provider
 }
 
 var _ = (gofs.NodeWrapChilder)((*node)(nil))
 
 func (n *node) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
-	return &node{LoopbackNode: ops.(*gofs.LoopbackNode), p: n.p}
+	return &node{Node: ops.(*loopback.Node), p: n.p}
 }
 
-// abs is the node's host path.
+// abs is the node's host path, for the watch only: every file operation
+// goes by handle.
 func (n *node) abs() string {
 	return filepath.Join(n.p.opts.Dir, n.Path(n.p.root.EmbeddedInode()))
-}
-
-func (n *node) entry(out *fuse.EntryOut) {
-	out.SetEntryTimeout(n.p.opts.Timeout)
-	out.SetAttrTimeout(n.p.opts.Timeout)
-}
-
-// Same reports whether other belongs to this provider (rename and link
-// across providers give EXDEV).
-func (n *node) same(other gofs.InodeEmbedder) (*gofs.LoopbackNode, bool) {
-	o, ok := other.(*node)
-	if !ok || o.p != n.p {
-		return nil, false
-	}
-	return o.LoopbackNode, true
 }
 
 var _ = (gofs.NodeLookuper)((*node)(nil))
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	n.checkRoot()
 	n.p.watchDir(n.abs())
-	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
-	if errno == 0 || errno == syscall.ENOENT {
-		// A miss is cached for Timeout too (go-fuse keeps a nonzero
-		// timeout on ENOENT), not for the workspace's hour.
-		n.entry(out)
+	return n.Node.Lookup(ctx, name, out)
+}
+
+// checkRoot, on the mount's root, follows the host directory if it is now
+// another one (removed and made again, or mounted over): the loopback holds
+// the directory by handle, and would otherwise serve the old one forever.
+func (n *node) checkRoot() {
+	if n != n.p.root {
+		return
 	}
-	return ch, errno
+	moved, err := n.Reroot(n.p.opts.Dir)
+	if err != nil || !moved {
+		return
+	}
+	n.p.opts.Log.Info("local mount: host directory replaced; following it", "op", "reroot", "path", n.p.opts.Dir)
+	n.p.mu.Lock()
+	delete(n.p.watched, n.p.opts.Dir)
+	n.p.mu.Unlock()
+	// Not inline: the kernel holds this directory locked for the
+	// request being served, and an invalidation waits for that lock.
+	go amlfuse.Invalidate(n.EmbeddedInode(), "")
 }
 
 var _ = (gofs.NodeOpendirHandler)((*node)(nil))
 
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	n.checkRoot()
 	n.p.watchDir(n.abs())
-	return n.LoopbackNode.OpendirHandle(ctx, flags)
-}
-
-var _ = (gofs.NodeGetattrer)((*node)(nil))
-
-func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	errno := n.LoopbackNode.Getattr(ctx, f, out)
-	out.SetTimeout(n.p.opts.Timeout)
-	return errno
-}
-
-const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall.O_APPEND
-
-var _ = (gofs.NodeOpener)((*node)(nil))
-
-func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if n.p.opts.RO && flags&writeFlags != 0 {
-		return nil, 0, syscall.EROFS
-	}
-	return n.LoopbackNode.Open(ctx, flags)
-}
-
-func (n *node) ro() bool { return n.p.opts.RO }
-
-var _ = (gofs.NodeCreater)((*node)(nil))
-
-func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.ro() {
-		return nil, nil, 0, syscall.EROFS
-	}
-	ch, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
-	if errno == 0 {
-		n.entry(out)
-	}
-	return ch, fh, fl, errno
-}
-
-var _ = (gofs.NodeMkdirer)((*node)(nil))
-
-func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro() {
-		return nil, syscall.EROFS
-	}
-	ch, errno := n.LoopbackNode.Mkdir(ctx, name, mode, out)
-	if errno == 0 {
-		n.entry(out)
-	}
-	return ch, errno
-}
-
-var _ = (gofs.NodeMknoder)((*node)(nil))
-
-func (n *node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro() {
-		return nil, syscall.EROFS
-	}
-	return n.LoopbackNode.Mknod(ctx, name, mode, rdev, out)
-}
-
-var _ = (gofs.NodeSymlinker)((*node)(nil))
-
-func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro() {
-		return nil, syscall.EROFS
-	}
-	return n.LoopbackNode.Symlink(ctx, target, name, out)
-}
-
-var _ = (gofs.NodeLinker)((*node)(nil))
-
-func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.ro() {
-		return nil, syscall.EROFS
-	}
-	t, ok := n.same(target)
-	if !ok {
-		return nil, syscall.EXDEV
-	}
-	return n.LoopbackNode.Link(ctx, t, name, out)
-}
-
-var _ = (gofs.NodeUnlinker)((*node)(nil))
-
-func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	return n.LoopbackNode.Unlink(ctx, name)
-}
-
-var _ = (gofs.NodeRmdirer)((*node)(nil))
-
-func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	return n.LoopbackNode.Rmdir(ctx, name)
-}
-
-var _ = (gofs.NodeRenamer)((*node)(nil))
-
-func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	np, ok := n.same(newParent)
-	if !ok {
-		return syscall.EXDEV
-	}
-	return n.LoopbackNode.Rename(ctx, name, np, newName, flags)
-}
-
-var _ = (gofs.NodeSetattrer)((*node)(nil))
-
-func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	errno := n.LoopbackNode.Setattr(ctx, f, in, out)
-	out.SetTimeout(n.p.opts.Timeout)
-	return errno
-}
-
-var _ = (gofs.NodeSetxattrer)((*node)(nil))
-
-func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	return n.LoopbackNode.Setxattr(ctx, attr, data, flags)
-}
-
-var _ = (gofs.NodeRemovexattrer)((*node)(nil))
-
-func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	return n.LoopbackNode.Removexattr(ctx, attr)
-}
-
-var _ = (gofs.NodeAllocater)((*node)(nil))
-
-func (n *node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
-	if n.ro() {
-		return syscall.EROFS
-	}
-	if a, ok := f.(gofs.FileAllocater); ok {
-		return a.Allocate(ctx, off, size, mode)
-	}
-	return syscall.ENOTSUP
-}
-
-var _ = (gofs.NodeCopyFileRanger)((*node)(nil))
-
-func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, len uint64, flags uint64) (uint32, syscall.Errno) {
-	if n.ro() {
-		return 0, syscall.EROFS
-	}
-	if _, ok := out.Operations().(*node); !ok {
-		return 0, syscall.EXDEV
-	}
-	return n.LoopbackNode.CopyFileRange(ctx, fhIn, offIn, out, fhOut, offOut, len, flags)
-}
-
-var _ = (gofs.NodeTmpfiler)((*node)(nil))
-
-func (n *node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if n.ro() {
-		return nil, nil, 0, syscall.EROFS
-	}
-	return n.LoopbackNode.Tmpfile(ctx, flags, mode, out)
+	return n.Node.OpendirHandle(ctx, flags)
 }

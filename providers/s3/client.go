@@ -178,3 +178,21 @@ func IsPrecondition(err error) bool {
 	s := Status(err)
 	return s == http.StatusPreconditionFailed
 }
+
+// Explain turns the SDK errors a newcomer meets first into ones that say
+// what to do: no credentials anywhere in the AWS chain (the SDK's last
+// attempt, the EC2 instance role, is what it reports), and a bucket that
+// does not exist. Anything else is returned as is.
+func Explain(bucket string, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	switch {
+	case Code(err) == "NoSuchBucket":
+		return fmt.Errorf("bucket %q does not exist at this endpoint: create it, or check the bucket name and --s3-endpoint (%w)", bucket, err)
+	case strings.Contains(msg, "failed to refresh cached credentials") || strings.Contains(msg, "get credentials"):
+		return fmt.Errorf("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run where an instance role is attached (%w)", err)
+	}
+	return err
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,8 +102,14 @@ type ent struct {
 	uid    uint32
 	gid    uint32
 	mtime  time.Time
-	size   int64
-	etag   string
+	// ctime is when amlfs last changed the entry (zero: its mtime). A
+	// bucket keeps no ctime, so it lasts while the daemon runs.
+	ctime time.Time
+	// atime is the access time a utimensat set (zero: its mtime). A
+	// bucket keeps none, and reads do not change it (as with noatime).
+	atime time.Time
+	size  int64
+	etag  string
 
 	metaKnown bool // mode, uid, gid and mtime are read or set here
 	remote    bool // the bucket holds it (for a dir: its marker or a key below)
@@ -183,6 +190,35 @@ func (l *Live) key(e *ent) string {
 	return b.String()
 }
 
+// MaxKeyLen is S3's limit on an object key, in bytes.
+const MaxKeyLen = 1024
+
+// keyTooLongLocked reports whether name in dir would have a key over S3's
+// limit, or give one to any known entry below it: sub is the longest key
+// suffix below the entry (0 for a file; its dir marker's "/" counts).
+func (l *Live) keyTooLongLocked(dir *ent, name string, sub int) bool {
+	return len(name) > NameMax || len(l.key(dir))+len(name)+sub > MaxKeyLen
+}
+
+// NameMax is the longest name amlfs makes in a bucket, as on ext4: tools
+// size their buffers by NAME_MAX. An existing object whose key has a
+// longer component is still shown.
+const NameMax = 255
+
+// longestBelowLocked is the length of the longest key suffix that e's
+// known subtree adds to e's name: 1 (the marker's "/") for an empty
+// directory, and 0 for a file.
+func longestBelowLocked(e *ent) int {
+	if !e.isDir() {
+		return 0
+	}
+	n := 1
+	for name, c := range e.children {
+		n = max(n, 1+len(name)+longestBelowLocked(c))
+	}
+	return n
+}
+
 // keyOf is l.key for a caller that does not hold l.mu.
 func (l *Live) keyOf(e *ent) string {
 	l.mu.Lock()
@@ -199,17 +235,22 @@ func (l *Live) errno(op, key string, err error) syscall.Errno {
 		return 0
 	}
 	var en syscall.Errno
-	var ne net.Error
+	var oe *net.OpError
+	var ue *url.Error
 	switch {
-	case errors.As(err, &ne):
+	case errors.As(err, &oe), errors.As(err, &ue):
 		// The bucket is unreachable: not the errno of a local call
-		// (ECONNREFUSED) but EIO, below.
+		// (ECONNREFUSED) but EIO, below. (Not net.Error: a plain
+		// syscall.Errno, such as the cache disk's EFBIG or ENOSPC,
+		// implements it too.)
 	case errors.As(err, &en):
 		return en
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
 	case IsNotFound(err) && Code(err) != "NoSuchBucket":
 		return syscall.ENOENT
+	case Code(err) == "KeyTooLongError":
+		return syscall.ENAMETOOLONG
 	}
 	l.setHealth(err)
 	l.o.Log.Error("s3 live mount", "op", op, "path", l.url(key), "err", err)

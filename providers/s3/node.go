@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/amlfs/amlfs/cache"
+	"github.com/amlfs/amlfs/fuse/posix"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -44,7 +45,16 @@ func (n *node) attrLocked(e *ent, out *fuse.Attr) {
 	out.Uid, out.Gid = e.uid, e.gid
 	out.Nlink = 1
 	if e.isDir() {
+		// 2 and one per subdirectory's "..", of what is listed.
 		out.Nlink = 2
+		for _, c := range e.children {
+			if c.isDir() {
+				out.Nlink++
+			}
+		}
+	}
+	if e.gone {
+		out.Nlink = 0
 	}
 	n.l.syncDirtyLocked(e)
 	size := e.size
@@ -54,7 +64,15 @@ func (n *node) attrLocked(e *ent, out *fuse.Attr) {
 	out.Size = uint64(size)
 	out.Blocks = (out.Size + 511) / 512
 	out.Blksize = 1 << 20
-	out.SetTimes(nil, &e.mtime, &e.mtime)
+	ctime := e.mtime
+	if e.ctime.After(ctime) {
+		ctime = e.ctime
+	}
+	atime := e.mtime
+	if !e.atime.IsZero() {
+		atime = e.atime
+	}
+	out.SetTimes(&atime, &e.mtime, &ctime)
 }
 
 func (n *node) entryOut(e *ent, out *fuse.EntryOut) {
@@ -99,7 +117,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	}
 	n.l.mu.Lock()
 	c := n.e.children[name]
+	tooLong := c == nil && n.l.keyTooLongLocked(n.e, name, 0)
 	n.l.mu.Unlock()
+	if tooLong {
+		return nil, syscall.ENAMETOOLONG // no object can have that key
+	}
 	if c == nil {
 		out.SetEntryTimeout(n.l.o.TTL) // a miss is trusted for the TTL too
 		return nil, syscall.ENOENT
@@ -157,13 +179,23 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	out.Bsize, out.Frsize = 4096, 4096
 	out.Blocks, out.Bfree, out.Bavail = blocks, blocks, blocks
 	out.Files, out.Ffree = 1<<40, 1<<40
-	out.NameLen = 1024
+	out.NameLen = NameMax
 	return 0
+}
+
+// killSuidgidLocked clears setuid and setgid as an unprivileged write
+// does, and reports whether that changed e's mode.
+func killSuidgidLocked(e *ent) bool {
+	m := posix.KillSuidgid(e.mode)
+	changed := m != e.mode
+	e.mode = m
+	return changed
 }
 
 // touchLocked records a change of e's metadata to upload.
 func (n *node) touchLocked(e *ent) {
 	e.gen++
+	e.ctime = time.Now()
 	if !e.dirty {
 		e.metaDirty = true
 	}
@@ -188,9 +220,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		n.l.mu.Lock()
 		err := e.data.Truncate(int64(size))
 		e.gen++
+		e.ctime = time.Now()
 		n.l.mu.Unlock()
 		if err != nil {
-			return syscall.EIO
+			// EFBIG past the cache disk's largest file, as on ext4.
+			return n.l.errno("truncate", n.l.keyOf(e), err)
 		}
 	}
 	n.l.mu.Lock()
@@ -205,6 +239,10 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	if g, ok := in.GetGID(); ok {
 		e.gid, changed = g, true
 	}
+	if at, ok := in.GetATime(); ok {
+		e.atime = at
+		e.ctime = time.Now()
+	}
 	if mt, ok := in.GetMTime(); ok {
 		e.mtime, changed = mt, true
 		if e.dirty && e.data != nil {
@@ -212,6 +250,10 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			// may write it directly).
 			e.data.SetMTime(mt)
 		}
+	}
+	if in.Valid&fuse.FATTR_KILL_SUIDGID != 0 && killSuidgidLocked(e) {
+		// The kernel asks this of an unprivileged truncate or chown.
+		changed = true
 	}
 	if changed {
 		n.touchLocked(e)
@@ -336,6 +378,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if errno != 0 {
 		return nil, 0, errno
 	}
+	if caller, ok := fuse.FromContext(ctx); ok && caller.Uid != 0 && flags&writeFlags != 0 {
+		// A write by an unprivileged caller clears setuid and setgid.
+		// At open, as the workspace does: passthrough writes bypass
+		// amlfs.
+		if killSuidgidLocked(e) {
+			n.touchLocked(e)
+		}
+	}
 	e.opens++
 	var fl uint32
 	if n.openedVer == e.ver {
@@ -420,6 +470,13 @@ func (n *node) add(ctx context.Context, name string, mode uint32, out *fuse.Entr
 	if n.e.children[name] != nil {
 		return nil, nil, syscall.EEXIST
 	}
+	sub := 0
+	if mode&syscall.S_IFMT == syscall.S_IFDIR {
+		sub = 1
+	}
+	if n.l.keyTooLongLocked(n.e, name, sub) {
+		return nil, nil, syscall.ENAMETOOLONG
+	}
 	c := n.newEntLocked(ctx, name, mode)
 	init(c)
 	n.entryOut(c, out)
@@ -433,7 +490,7 @@ func (n *node) newEntLocked(ctx context.Context, name string, mode uint32) *ent 
 		c.uid, c.gid = caller.Uid, caller.Gid
 	}
 	n.e.children[name] = c
-	n.e.mtime, c.changed = c.mtime, c.mtime
+	n.e.mtime, n.e.ctime, c.changed = c.mtime, c.mtime, c.mtime
 	return c
 }
 
@@ -504,6 +561,7 @@ func (n *node) removeLocked(c *ent) string {
 	delete(n.e.children, c.name)
 	c.gone = true
 	n.e.mtime = time.Now()
+	n.e.ctime, c.ctime = n.e.mtime, n.e.mtime
 	if c.data != nil && c.opens == 0 {
 		c.data.Drop()
 		c.data = nil
@@ -610,6 +668,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return syscall.EINVAL // into itself
 		}
 	}
+	if l.keyTooLongLocked(np.e, newName, longestBelowLocked(c)) {
+		l.mu.Unlock()
+		return syscall.ENAMETOOLONG
+	}
 	fromKey := l.key(c)
 	dir := c.isDir()
 	clean := !c.dirty && c.remote && !dir
@@ -663,6 +725,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	now := time.Now()
 	c.changed = now
 	n.e.mtime, np.e.mtime = now, now
+	n.e.ctime, np.e.ctime, c.ctime = now, now, now
 	wasRemote := c.remote
 	queuePut := !dir && (!clean || c.metaDirty) && c.opens == 0
 	if !dir && !clean {
@@ -835,6 +898,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	n, err := f.WriteAt(data, off)
 	l.mu.Lock()
 	e.gen++
+	e.ctime = time.Now()
 	l.mu.Unlock()
 	if err != nil {
 		return uint32(n), l.errno("write", "", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/url"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -90,11 +89,26 @@ func Put(ctx context.Context, c *s3.Client, u Upload) (string, error) {
 	return aws.ToString(out.ETag), nil
 }
 
-// CopySource is bucket/key for x-amz-copy-source, each segment escaped.
+// CopySource is bucket/key for x-amz-copy-source, percent-encoded except
+// for RFC 3986's unreserved characters and the slashes between segments.
+// url.PathEscape is not enough: it keeps "+", which servers decode as a
+// space, and other sub-delimiters some servers decode differently.
 func CopySource(bucket, key string) string {
-	parts := strings.Split(bucket+"/"+key, "/")
-	for i, p := range parts {
-		parts[i] = url.PathEscape(p)
+	const hex = "0123456789ABCDEF"
+	s := bucket + "/" + key
+	var b strings.Builder
+	b.Grow(len(s) + len(s)/4)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '-', c == '_', c == '.', c == '~', c == '/':
+			b.WriteByte(c)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
 	}
-	return strings.Join(parts, "/")
+	return b.String()
 }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# workloads.sh: real sandbox work saved to an S3 store (versitygw on
+# loopback) and run again after a restore on a fresh cache dir:
+#   1. npm install of express, typescript, eslint and jest (npm's cache warm
+#      from a first, native install), unmount, lazy restore elsewhere, then
+#      jest runs without `npm rebuild`; the install's time vs native disk
+#   2. python3 -m venv without --copies, the same round trip, then the
+#      venv's python runs
+#   3. a 12,800-file git repository: after a lazy restore on a fresh cache
+#      dir, the first `git status` vs the second, and how many files the
+#      first one fetched (lazily restored files still pending, before and
+#      after, from `amlfs status`)
+# Needs root (FUSE), npm and versitygw (AMLFS_VERSITYGW, as .ci/run installs).
+#
+#   bash bench/workloads.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${BENCH_DIR:-/var/tmp/amlfs-workloads}
+. bench/common.sh
+S3="--s3-endpoint $EP --s3-path-style"
+cleanup() {
+  for m in "$WORK"/m*; do "$AM" unmount --no-save "$m" >/dev/null 2>&1 || true; done
+  kill $VPID 2>/dev/null || true
+}
+trap cleanup EXIT
+sleep 1
+mnt() { "$AM" mount --daemon "$WORK/$1" --store s3://bkt/work --id "$2" $S3 --cache-dir "$WORK/cache-$1" "${@:3}" >/dev/null 2>&1; }
+pending() { "$AM" status "$WORK/$1" --json | sed -n 's/.*"pendingFiles": \([0-9]*\).*/\1/p'; }
+
+# --- 1. npm ---------------------------------------------------------------
+project() {
+  mkdir -p "$1/t" && cd "$1"
+  npm init -y >/dev/null
+  echo 'test("adds", () => { expect(1 + 2).toBe(3); });' > t/add.test.js
+  cd - >/dev/null
+}
+install() { (cd "$1" && npm install --no-audit --no-fund --loglevel=error express typescript eslint jest >/dev/null); }
+project "$WORK/native-npm"; install "$WORK/native-npm"   # warms npm's cache
+rm -rf "$WORK/native-npm"; project "$WORK/native-npm"
+t=$(now); install "$WORK/native-npm"; NPM_NATIVE=$(since $t)
+mnt mnpm npm; project "$WORK/mnpm"
+t=$(now); install "$WORK/mnpm"; NPM_AMLFS=$(since $t)
+NPM_FILES=$(find "$WORK/mnpm/node_modules" | wc -l); NPM_LINKS=$(find "$WORK/mnpm/node_modules" -type l | wc -l)
+t=$(now); "$AM" unmount "$WORK/mnpm" >/dev/null; NPM_SAVE=$(since $t)
+mnt mnpm2 npm
+JEST=$(cd "$WORK/mnpm2" && npx jest 2>&1 | grep -c "1 passed" || true)
+"$AM" unmount --no-save "$WORK/mnpm2" >/dev/null
+
+# --- 2. venv --------------------------------------------------------------
+mnt mvenv venv
+(cd "$WORK/mvenv" && python3 -m venv venv)
+"$AM" unmount "$WORK/mvenv" >/dev/null
+mnt mvenv2 venv
+VENV=$("$WORK/mvenv2/venv/bin/python" -c 'import sys; print(sys.prefix)')
+[ "$VENV" = "$WORK/mvenv2/venv" ] && VENV=ok || VENV="wrong prefix $VENV"
+"$AM" unmount --no-save "$WORK/mvenv2" >/dev/null
+
+# --- 3. git status after a lazy restore -----------------------------------
+mnt mgit repo
+(
+  cd "$WORK/mgit" && git init -q . && git config user.email b@b && git config user.name b
+  for d in $(seq 0 127); do mkdir "d$d"; for f in $(seq 0 99); do echo "$d $f" > "d$d/f$f.txt"; done; done
+  git add -A && git commit -qm init && git status --porcelain >/dev/null
+)
+"$AM" unmount "$WORK/mgit" >/dev/null
+mnt mgit2 repo --prefetch 0
+P0=$(pending mgit2)
+t=$(now); (cd "$WORK/mgit2" && git status --porcelain >/dev/null); GIT1=$(since $t)
+P1=$(pending mgit2)
+t=$(now); (cd "$WORK/mgit2" && git status --porcelain >/dev/null); GIT2=$(since $t)
+"$AM" unmount --no-save "$WORK/mgit2" >/dev/null
+
+printf '\nnpm install (express typescript eslint jest, warm npm cache): %s entries, %s symlinks in node_modules\n' "$NPM_FILES" "$NPM_LINKS"
+printf '  native %.2fs  amlfs %.2fs  ratio %.2fx; save to S3 %.2fs; jest after a lazy restore elsewhere: %s\n' \
+  "$NPM_NATIVE" "$NPM_AMLFS" "$(ratio $NPM_AMLFS $NPM_NATIVE)" "$NPM_SAVE" "$([ "$JEST" -ge 1 ] && echo passes || echo FAILS)"
+printf 'python3 -m venv, after a lazy restore elsewhere: %s\n' "$VENV"
+printf 'git status, 12,800 files, after a lazy restore on a fresh cache dir: first %.2fs, second %.2fs, ratio %.2fx; the first fetched %s of %s pending files\n' \
+  "$GIT1" "$GIT2" "$(ratio $GIT1 $GIT2)" "$((P0 - P1))" "$P0"

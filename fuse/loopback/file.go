@@ -1,0 +1,134 @@
+package loopback
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// File is an open backing file. go-fuse's LoopbackFile does the I/O and
+// offers the descriptor for passthrough; File keeps the descriptor for the
+// node's calls and refuses what must not run with the daemon's privileges.
+//
+// Locks never reach it: amlfs leaves flock and POSIX record locks to the
+// kernel's own lock manager on the FUSE inode (the mount does not ask for
+// FUSE lock requests), which is ext4's behaviour exactly: a lock dies with
+// the last descriptor of its holder, a waiter is interruptible, F_GETLK
+// reports the holder's pid, and no descriptor the daemon or the kernel's
+// passthrough keeps can hold one.
+type File struct {
+	*gofs.LoopbackFile
+	fd int
+}
+
+func newFile(fd int) *File {
+	lf := gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile)
+	return &File{LoopbackFile: lf, fd: fd}
+}
+
+var _ = (gofs.FileIoctler)((*File)(nil))
+
+// Ioctl refuses every ioctl: run by the daemon, one such as FS_IOC_SETFLAGS
+// (chattr +i) would act with root's capabilities for any caller.
+func (f *File) Ioctl(ctx context.Context, cmd uint32, arg uint64, input []byte, output []byte) (int32, syscall.Errno) {
+	return 0, syscall.ENOTTY
+}
+
+var _ = (gofs.NodeAllocater)((*Node)(nil))
+
+func (n *Node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	if n.root.opts.ReadOnly {
+		return syscall.EROFS
+	}
+	fh, ok := f.(*File)
+	if !ok {
+		return syscall.EBADF
+	}
+	return fh.Allocate(ctx, off, size, mode)
+}
+
+var _ = (gofs.NodeCopyFileRanger)((*Node)(nil))
+
+func (n *Node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, length uint64, flags uint64) (uint32, syscall.Errno) {
+	if n.root.opts.ReadOnly {
+		return 0, syscall.EROFS
+	}
+	if _, ok := n.sameTree(out.Operations()); !ok {
+		return 0, syscall.EXDEV
+	}
+	in, ok1 := fhIn.(*File)
+	o, ok2 := fhOut.(*File)
+	if !ok1 || !ok2 {
+		return 0, syscall.EBADF
+	}
+	i, j := int64(offIn), int64(offOut)
+	c, err := unix.CopyFileRange(in.fd, &i, o.fd, &j, int(length), int(flags))
+	return uint32(max(c, 0)), errnoOf(err)
+}
+
+// dirStream lists a backing directory, with the inode numbers the mount
+// shows (the same as lookups give, tag and device mixed in).
+type dirStream struct {
+	ds  dirFile
+	mix uint64
+}
+
+// DirHandle is what OpendirHandle returns: a stream of entries that is
+// also the directory's file handle.
+type DirHandle = dirFile
+
+type dirFile interface {
+	gofs.DirStream
+	gofs.FileReaddirenter
+	gofs.FileSeekdirer
+	gofs.FileReleasedirer
+	gofs.FileFsyncdirer
+}
+
+func (n *Node) openDir() (*dirStream, syscall.Errno) {
+	fd, errno := n.fd()
+	if errno != 0 {
+		return nil, errno
+	}
+	dfd, err := n.root.openFd(func() (int, error) { return unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0) })
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	ds, errno := gofs.NewLoopbackDirStreamFd(dfd)
+	if errno != 0 {
+		unix.Close(dfd)
+		return nil, errno
+	}
+	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
+	return &dirStream{ds: ds.(dirFile), mix: rot(n.r.Load().b.key.dev) ^ rot(n.root.dev) ^ uint64(n.root.opts.Tag)<<48}, 0
+}
+
+func (d *dirStream) HasNext() bool { return d.ds.HasNext() }
+func (d *dirStream) Close()        { d.ds.Close() }
+
+func (d *dirStream) Next() (fuse.DirEntry, syscall.Errno) {
+	e, errno := d.ds.Next()
+	e.Ino ^= d.mix
+	return e, errno
+}
+
+func (d *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	e, errno := d.ds.Readdirent(ctx)
+	if e != nil {
+		e.Ino ^= d.mix
+	}
+	return e, errno
+}
+
+func (d *dirStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	return d.ds.Seekdir(ctx, off)
+}
+
+func (d *dirStream) Releasedir(ctx context.Context, flags uint32) { d.ds.Releasedir(ctx, flags) }
+
+func (d *dirStream) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	return d.ds.Fsyncdir(ctx, flags)
+}

@@ -1,0 +1,636 @@
+package loopback
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Node is a loopback inode. Wrappers embed it and override what they add;
+// Loopback finds it again behind a wrapper.
+type Node struct {
+	gofs.Inode
+	root *Root
+	// r is the node's claim on its backing inode. It changes only for
+	// the tree's root, when Reroot moves it to a new backing directory.
+	r atomic.Pointer[ref]
+}
+
+func newNode(root *Root, b *backing) *Node {
+	n := &Node{root: root}
+	n.claim(b)
+	return n
+}
+
+// claim points the node at b, which the caller holds a reference of.
+func (n *Node) claim(b *backing) *ref {
+	r := &ref{root: n.root, b: b}
+	r.held.Store(true)
+	runtime.AddCleanup(n, (*ref).drop, r)
+	return n.r.Swap(r)
+}
+
+// Loopback returns the node itself; through a wrapper that embeds it, the
+// loopback node of an InodeEmbedder.
+func (n *Node) Loopback() *Node { return n }
+
+// Tree returns the tree the node belongs to.
+func (n *Node) Tree() *Root { return n.root }
+
+type loopbacker interface{ Loopback() *Node }
+
+// sameTree returns other's loopback node if it is of this tree (a rename or
+// link to anything else crosses filesystems: EXDEV).
+func (n *Node) sameTree(other gofs.InodeEmbedder) (*Node, bool) {
+	o, ok := other.(loopbacker)
+	if !ok || o.Loopback().root != n.root {
+		return nil, false
+	}
+	return o.Loopback(), true
+}
+
+// fd returns the node's O_PATH descriptor.
+func (n *Node) fd() (int, syscall.Errno) {
+	r := n.r.Load()
+	if r.held.Load() {
+		return r.b.fd, 0
+	}
+	// go-fuse reused the node after forgetting it.
+	if !n.root.revive(r.b) {
+		return -1, syscall.ESTALE
+	}
+	if !r.held.CompareAndSwap(false, true) {
+		n.root.release(r.b)
+	}
+	return r.b.fd, 0
+}
+
+// Fd returns the node's O_PATH descriptor, valid while the node is in use,
+// for wrappers that act on the backing inode themselves.
+func (n *Node) Fd() (int, syscall.Errno) { return n.fd() }
+
+var _ = (gofs.NodeOnForgetter)((*Node)(nil))
+
+// OnForget drops the node's claim on its backing descriptor.
+func (n *Node) OnForget() { n.r.Load().drop() }
+
+// StableAttrOf is the identity of the node for a graft (NewPersistentInode).
+func (n *Node) StableAttrOf() (gofs.StableAttr, error) {
+	var st unix.Statx_t
+	if err := statFd(n.r.Load().b.fd, &st); err != nil {
+		return gofs.StableAttr{}, err
+	}
+	return n.root.stableAttr(&st), nil
+}
+
+// ChildAttr is the identity the node would give the backing entry name in
+// it now, by its descriptor: a wrapper that knows a child of that name
+// compares the two to tell whether the name still names that inode.
+func (n *Node) ChildAttr(name string) (gofs.StableAttr, error) {
+	fd, errno := n.fd()
+	if errno != 0 {
+		return gofs.StableAttr{}, errno
+	}
+	var st unix.Statx_t
+	if err := statAt(fd, name, &st); err != nil {
+		return gofs.StableAttr{}, err
+	}
+	return n.root.stableAttr(&st), nil
+}
+
+func (n *Node) isLink() bool { return n.StableAttr().Mode == syscall.S_IFLNK }
+
+// fill sets a reply's attributes from the backing inode's.
+func (r *Root) fill(st *unix.Statx_t, a *fuse.Attr) {
+	a.Ino = r.ino(st)
+	a.Size = st.Size
+	a.Blocks = st.Blocks
+	a.Atime, a.Atimensec = uint64(st.Atime.Sec), st.Atime.Nsec
+	a.Mtime, a.Mtimensec = uint64(st.Mtime.Sec), st.Mtime.Nsec
+	a.Ctime, a.Ctimensec = uint64(st.Ctime.Sec), st.Ctime.Nsec
+	a.Mode = uint32(st.Mode)
+	a.Nlink = st.Nlink
+	a.Uid, a.Gid = st.Uid, st.Gid
+	a.Rdev = uint32(unix.Mkdev(st.Rdev_major, st.Rdev_minor))
+	a.Blksize = st.Blksize
+}
+
+func (r *Root) entry(st *unix.Statx_t, out *fuse.EntryOut) {
+	r.fill(st, &out.Attr)
+	r.entryTimeouts(out)
+}
+
+func (r *Root) entryTimeouts(out *fuse.EntryOut) {
+	if r.opts.EntryTimeout > 0 {
+		out.SetEntryTimeout(r.opts.EntryTimeout)
+	}
+	if r.opts.AttrTimeout > 0 {
+		out.SetAttrTimeout(r.opts.AttrTimeout)
+	}
+}
+
+func (r *Root) attrTimeout(out *fuse.AttrOut) {
+	if r.opts.AttrTimeout > 0 {
+		out.SetTimeout(r.opts.AttrTimeout)
+	}
+}
+
+// child makes the node of a backing inode found or made in n, holding b.
+func (n *Node) child(ctx context.Context, b *backing, st *unix.Statx_t, out *fuse.EntryOut) *gofs.Inode {
+	n.root.entry(st, out)
+	return n.NewInode(ctx, newNode(n.root, b), n.root.stableAttr(st))
+}
+
+// adopt makes the node of a backing inode that fd (any descriptor of it,
+// which adopt closes) refers to.
+func (n *Node) adopt(ctx context.Context, fd int, st *unix.Statx_t, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	b := n.root.acquire(st, -1)
+	if b == nil {
+		// The /proc link is resolved by the kernel to the very inode
+		// fd refers to, never by walking a path, so following it is
+		// safe (O_NOFOLLOW would open the link itself).
+		pfd, err := n.root.openFd(func() (int, error) { return unix.Open(procPath(fd), unix.O_PATH|unix.O_CLOEXEC, 0) })
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		b = n.root.acquire(st, pfd)
+	}
+	return n.child(ctx, b, st, out), 0
+}
+
+// lookupAt makes the node of the backing entry name in directory pfd.
+func (n *Node) lookupAt(ctx context.Context, pfd int, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	var st unix.Statx_t
+	if err := statAt(pfd, name, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	if b := n.root.acquire(&st, -1); b != nil {
+		return n.child(ctx, b, &st, out), 0
+	}
+	fd, err := n.root.openFd(func() (int, error) { return unix.Openat(pfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0) })
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	if err := statFd(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, errnoOf(err)
+	}
+	return n.child(ctx, n.root.acquire(&st, fd), &st, out), 0
+}
+
+var _ = (gofs.NodeLookuper)((*Node)(nil))
+
+func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	pfd, errno := n.fd()
+	if errno != 0 {
+		return nil, errno
+	}
+	ch, errno := n.lookupAt(ctx, pfd, name, out)
+	if errno == syscall.ENOENT {
+		// A miss is cached as long as an entry.
+		n.root.entryTimeouts(out)
+	}
+	return ch, errno
+}
+
+var _ = (gofs.NodeGetattrer)((*Node)(nil))
+
+func (n *Node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fd, errno := n.fd()
+	if errno != 0 {
+		return errno
+	}
+	if fh, ok := f.(*File); ok {
+		fd = fh.fd
+	}
+	var st unix.Statx_t
+	if err := statFd(fd, &st); err != nil {
+		return errnoOf(err)
+	}
+	n.root.fill(&st, &out.Attr)
+	n.root.attrTimeout(out)
+	return 0
+}
+
+var _ = (gofs.NodeStatxer)((*Node)(nil))
+
+func (n *Node) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
+	fd, errno := n.fd()
+	if errno != 0 {
+		return errno
+	}
+	if fh, ok := f.(*File); ok {
+		fd = fh.fd
+	}
+	var st unix.Statx_t
+	sync := int(flags) & (unix.AT_STATX_FORCE_SYNC | unix.AT_STATX_DONT_SYNC)
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|sync, int(mask)|statxMask, &st); err != nil {
+		return errnoOf(err)
+	}
+	out.FromStatx(&st)
+	out.Ino = n.root.ino(&st)
+	if n.root.opts.AttrTimeout > 0 {
+		out.SetTimeout(n.root.opts.AttrTimeout)
+	}
+	return 0
+}
+
+var _ = (gofs.NodeStatfser)((*Node)(nil))
+
+func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	fd, errno := n.fd()
+	if errno != 0 {
+		return errno
+	}
+	var s syscall.Statfs_t
+	if err := syscall.Fstatfs(fd, &s); err != nil {
+		return errnoOf(err)
+	}
+	out.FromStatfsT(&s)
+	return 0
+}
+
+var _ = (gofs.NodeReadlinker)((*Node)(nil))
+
+func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	fd, errno := n.fd()
+	if errno != 0 {
+		return nil, errno
+	}
+	for l := 256; ; l *= 2 {
+		buf := make([]byte, l)
+		sz, err := unix.Readlinkat(fd, "", buf)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		if sz < len(buf) {
+			return buf[:sz], 0
+		}
+	}
+}
+
+// writeFlags are the open flags that can change a file.
+const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall.O_APPEND
+
+// openFlags are the flags of the daemon's own descriptor for a kernel
+// open: O_APPEND dropped, since writes come with their offsets, and the
+// kernel's FMODE_EXEC.
+func openFlags(flags uint32) int {
+	// O_NOFOLLOW was applied by the kernel at lookup; on the reopen of a
+	// /proc/self/fd link it would refuse the link itself.
+	return int(flags&^(syscall.O_APPEND|fuse.FMODE_EXEC|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOCTTY|syscall.O_NOFOLLOW)) | unix.O_CLOEXEC
+}
+
+var _ = (gofs.NodeOpener)((*Node)(nil))
+
+func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.root.opts.ReadOnly && flags&writeFlags != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	fd, errno := n.fd()
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	hfd, err := n.root.openFd(func() (int, error) { return unix.Open(procPath(fd), openFlags(flags), 0) })
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	if n.root.opts.Shared && !n.r.Load().b.tmp.Load() {
+		var st unix.Statx_t
+		if err := statFd(hfd, &st); err != nil || st.Nlink == 0 {
+			unix.Close(hfd)
+			return nil, 0, syscall.ENOENT
+		}
+	}
+	if flags&writeFlags != 0 {
+		// With passthrough the kernel writes to the backing file with
+		// the daemon's credentials, which would keep setuid and setgid
+		// where a write by an unprivileged caller must clear them.
+		if caller, ok := fuse.FromContext(ctx); ok && caller.Uid != 0 {
+			if errno := killSuidgid(hfd); errno != 0 {
+				unix.Close(hfd)
+				return nil, 0, errno
+			}
+		}
+	}
+	return newFile(hfd), 0, 0
+}
+
+var _ = (gofs.NodeCreater)((*Node)(nil))
+
+func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.root.opts.ReadOnly {
+		return nil, nil, 0, syscall.EROFS
+	}
+	pfd, errno := n.fd()
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	hfd, err := n.root.openFd(func() (int, error) {
+		return unix.Openat(pfd, name, openFlags(flags)|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, mode)
+	})
+	created := err == nil
+	if err == unix.EEXIST && flags&syscall.O_EXCL == 0 {
+		// The kernel's entry was stale (a host-side create): open
+		// what is there, as the caller may.
+		hfd, err = n.openExisting(ctx, pfd, name, flags)
+	}
+	if err != nil {
+		return nil, nil, 0, errnoOf(err)
+	}
+	var st unix.Statx_t
+	if err := statFd(hfd, &st); err != nil {
+		unix.Close(hfd)
+		return nil, nil, 0, errnoOf(err)
+	}
+	if created {
+		if errno := n.own(ctx, pfd, hfd, &st, mode); errno != 0 {
+			unix.Close(hfd)
+			return nil, nil, 0, errno
+		}
+	}
+	ch, errno := n.adopt(ctx, hfd, &st, out)
+	if errno != 0 {
+		unix.Close(hfd)
+		return nil, nil, 0, errno
+	}
+	return ch, newFile(hfd), 0, 0
+}
+
+// openExisting opens the existing regular file name for a CREATE without
+// O_EXCL, after checking the caller's permission by the file's mode (the
+// kernel checked only the directory's).
+func (n *Node) openExisting(ctx context.Context, pfd int, name string, flags uint32) (int, error) {
+	hfd, err := n.root.openFd(func() (int, error) { return unix.Openat(pfd, name, openFlags(flags)|unix.O_NOFOLLOW, 0) })
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Statx_t
+	if err := statFd(hfd, &st); err != nil {
+		unix.Close(hfd)
+		return -1, err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		unix.Close(hfd)
+		return -1, unix.EISDIR
+	}
+	if caller, ok := fuse.FromContext(ctx); ok && caller.Uid != 0 {
+		perm := uint32(st.Mode) & 0o7
+		switch {
+		case caller.Uid == st.Uid:
+			perm = uint32(st.Mode) >> 6 & 0o7
+		case caller.Gid == st.Gid:
+			perm = uint32(st.Mode) >> 3 & 0o7
+		}
+		want := uint32(0o4)
+		switch flags & syscall.O_ACCMODE {
+		case syscall.O_WRONLY:
+			want = 0o2
+		case syscall.O_RDWR:
+			want = 0o6
+		}
+		if flags&syscall.O_TRUNC != 0 {
+			want |= 0o2
+		}
+		if perm&want != want {
+			unix.Close(hfd)
+			return -1, unix.EACCES
+		}
+	}
+	return hfd, nil
+}
+
+// own gives a new backing inode (fd: any descriptor of it, in directory
+// pfd) to the caller, as the kernel would have: the caller's uid, and its
+// gid unless the directory is setgid. A chown clears setuid and setgid;
+// the mode asked for is then put back (the kernel already stripped what the
+// caller may not set).
+func (n *Node) own(ctx context.Context, pfd, fd int, st *unix.Statx_t, mode uint32) syscall.Errno {
+	caller, ok := fuse.FromContext(ctx)
+	if n.root.euid != 0 || !ok {
+		return 0
+	}
+	uid, gid := int(caller.Uid), int(caller.Gid)
+	if uint32(gid) != st.Gid {
+		var pst unix.Statx_t
+		if err := statFd(pfd, &pst); err != nil {
+			return errnoOf(err)
+		}
+		if pst.Mode&syscall.S_ISGID != 0 {
+			gid = -1
+		}
+	}
+	if uint32(uid) == st.Uid && (gid == -1 || uint32(gid) == st.Gid) {
+		return 0
+	}
+	if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return errnoOf(err)
+	}
+	typ := uint32(st.Mode) & syscall.S_IFMT
+	if mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 && typ != syscall.S_IFDIR && typ != syscall.S_IFLNK {
+		if err := unix.Chmod(procPath(fd), mode&0o7777); err != nil {
+			return errnoOf(err)
+		}
+	}
+	if err := statFd(fd, st); err != nil {
+		return errnoOf(err)
+	}
+	return 0
+}
+
+// made finishes a mkdir, mknod or symlink of name in pfd: it opens the new
+// entry by handle, gives it to the caller and makes its node. A new entry
+// is the daemon's; anything else found there (swapped in since) is not
+// given away.
+func (n *Node) made(ctx context.Context, pfd int, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	fd, err := n.root.openFd(func() (int, error) { return unix.Openat(pfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0) })
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	var st unix.Statx_t
+	if err := statFd(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, errnoOf(err)
+	}
+	if int(st.Uid) == n.root.euid && uint32(st.Mode)&syscall.S_IFMT == mode&syscall.S_IFMT {
+		if errno := n.own(ctx, pfd, fd, &st, mode); errno != 0 {
+			unix.Close(fd)
+			return nil, errno
+		}
+	}
+	return n.child(ctx, n.root.acquire(&st, fd), &st, out), 0
+}
+
+// writable returns the node's descriptor for a change, or EROFS.
+func (n *Node) writable() (int, syscall.Errno) {
+	if n.root.opts.ReadOnly {
+		return -1, syscall.EROFS
+	}
+	return n.fd()
+}
+
+var _ = (gofs.NodeMkdirer)((*Node)(nil))
+
+func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return nil, errno
+	}
+	if err := unix.Mkdirat(pfd, name, mode); err != nil {
+		return nil, errnoOf(err)
+	}
+	return n.made(ctx, pfd, name, mode|syscall.S_IFDIR, out)
+}
+
+var _ = (gofs.NodeMknoder)((*Node)(nil))
+
+func (n *Node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return nil, errno
+	}
+	if err := unix.Mknodat(pfd, name, mode, int(rdev)); err != nil {
+		return nil, errnoOf(err)
+	}
+	return n.made(ctx, pfd, name, mode, out)
+}
+
+var _ = (gofs.NodeSymlinker)((*Node)(nil))
+
+func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return nil, errno
+	}
+	if err := unix.Symlinkat(target, pfd, name); err != nil {
+		return nil, errnoOf(err)
+	}
+	return n.made(ctx, pfd, name, syscall.S_IFLNK|0o777, out)
+}
+
+var _ = (gofs.NodeLinker)((*Node)(nil))
+
+func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return nil, errno
+	}
+	t, ok := n.sameTree(target)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	tfd, errno := t.fd()
+	if errno != 0 {
+		return nil, errno
+	}
+	err := unix.Linkat(tfd, "", pfd, name, unix.AT_EMPTY_PATH)
+	if err == unix.ENOENT && n.root.euid != 0 {
+		// AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the inode's proc
+		// link names the same inode.
+		err = unix.Linkat(unix.AT_FDCWD, procPath(tfd), pfd, name, unix.AT_SYMLINK_FOLLOW)
+	}
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	var st unix.Statx_t
+	if err := statFd(tfd, &st); err != nil {
+		return nil, errnoOf(err)
+	}
+	return n.adopt(ctx, tfd, &st, out)
+}
+
+var _ = (gofs.NodeUnlinker)((*Node)(nil))
+
+func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return errno
+	}
+	return errnoOf(unix.Unlinkat(pfd, name, 0))
+}
+
+var _ = (gofs.NodeRmdirer)((*Node)(nil))
+
+func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return errno
+	}
+	return errnoOf(unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR))
+}
+
+var _ = (gofs.NodeRenamer)((*Node)(nil))
+
+func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return errno
+	}
+	np, ok := n.sameTree(newParent)
+	if !ok {
+		return syscall.EXDEV
+	}
+	npfd, errno := np.fd()
+	if errno != 0 {
+		return errno
+	}
+	return errnoOf(unix.Renameat2(pfd, name, npfd, newName, uint(flags)))
+}
+
+var _ = (gofs.NodeTmpfiler)((*Node)(nil))
+
+func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	pfd, errno := n.writable()
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	hfd, err := n.root.openFd(func() (int, error) { return unix.Openat(pfd, ".", openFlags(flags)|unix.O_TMPFILE, mode) })
+	if err != nil {
+		return nil, nil, 0, errnoOf(err)
+	}
+	var st unix.Statx_t
+	if err := statFd(hfd, &st); err != nil {
+		unix.Close(hfd)
+		return nil, nil, 0, errnoOf(err)
+	}
+	if errno := n.own(ctx, pfd, hfd, &st, mode); errno != 0 {
+		unix.Close(hfd)
+		return nil, nil, 0, errno
+	}
+	ch, errno := n.adopt(ctx, hfd, &st, out)
+	if errno != 0 {
+		unix.Close(hfd)
+		return nil, nil, 0, errno
+	}
+	ch.Operations().(loopbacker).Loopback().r.Load().b.tmp.Store(true)
+	return ch, newFile(hfd), 0, 0
+}
+
+var _ = (gofs.NodeOpendirHandler)((*Node)(nil))
+
+func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	ds, errno := n.openDir()
+	return ds, 0, errno
+}
+
+var _ = (gofs.NodeReaddirer)((*Node)(nil))
+
+func (n *Node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	return n.openDir()
+}
+
+var _ = (gofs.NodeFlusher)((*Node)(nil))
+
+// Flush answers ENOSYS, after which the kernel stops sending FLUSH on every
+// close: the backing file needs none, and locks are the kernel's own.
+func (n *Node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
+	return syscall.ENOSYS
+}
+
+// errnoOf maps a system call's error; they are all syscall.Errno here.
+func errnoOf(err error) syscall.Errno { return gofs.ToErrno(err) }

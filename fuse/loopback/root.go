@@ -1,0 +1,343 @@
+// Package loopback serves a backing directory through go-fuse by handle,
+// never by path: every inode the kernel knows holds an O_PATH descriptor of
+// its backing file, and every operation is a *at system call relative to
+// such a descriptor (a node's own, or its parent's for a name inside it),
+// with names of one component that are never followed when they are
+// symlinks. No path is rebuilt from names, so nothing a user does in the
+// backing tree or through the mount, such as swapping a directory for a
+// symlink mid-operation, can make the daemon act outside the tree.
+// libfuse's passthrough_hp is the model.
+//
+// Both the workspace and the host-directory live mounts serve this node;
+// each wraps it for what it adds (lazy restore and change tracking, or
+// fsnotify), and configures read-only, inode tagging and cache times here.
+package loopback
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+)
+
+// Options configure a loopback tree.
+type Options struct {
+	// ReadOnly refuses every change with EROFS.
+	ReadOnly bool
+	// Tag (0 for none) sets this tree's inode numbers apart from those of
+	// other trees in the same FUSE mount, even over the same backing
+	// filesystem: inode numbers get Tag in bits 48-63. go-fuse and the
+	// kernel key inodes by number, so sharing one would merge nodes.
+	Tag uint16
+	// EntryTimeout and AttrTimeout, if set, are the kernel's cache times
+	// for this tree's entries and attributes (including misses); zero
+	// leaves the mount's defaults.
+	EntryTimeout, AttrTimeout time.Duration
+	// Shared says others change the backing tree too (a host directory),
+	// so the kernel's entries can be stale: opening a node whose file the
+	// host has since removed fails with ENOENT, as the lookup by name
+	// that a local filesystem would do, rather than reaching the unlinked
+	// file. An O_TMPFILE file is exempt.
+	Shared bool
+}
+
+// Root is one backing directory and the table of the backing inodes the
+// kernel knows below it.
+type Root struct {
+	opts Options
+	dev  uint64 // the backing root's device
+	euid int
+
+	mu     sync.Mutex
+	inodes map[inodeKey]*backing // GUARDED_BY(mu)
+
+	// top is the tree's root node; budget is how many backing
+	// descriptors may be open before the kernel is asked to forget
+	// cached entries (relieve), which is under way while relieving.
+	top       *Node
+	budget    int
+	relieving atomic.Bool
+}
+
+type inodeKey struct{ dev, ino uint64 }
+
+// backing is one backing inode, shared by the nodes that stand for it
+// (go-fuse may briefly make more than one per inode: a lookup racing
+// another one for the same file through a second name builds a node that
+// go-fuse then drops for the first).
+type backing struct {
+	fd   int // O_PATH; valid until closed
+	key  inodeKey
+	gen  uint64      // birth time in ns (1 if the filesystem has none)
+	refs int         // GUARDED_BY(Root.mu): nodes holding it
+	tmp  atomic.Bool // made by O_TMPFILE: unlinked by design
+	// closed: GUARDED_BY(Root.mu)
+	closed bool
+}
+
+// closeGrace is how long a backing descriptor outlives its last node. A
+// node that go-fuse revives in the instant after it was forgotten (its
+// OnForget contract allows that race) finds its descriptor still open and
+// takes it back.
+const closeGrace = 5 * time.Second
+
+// pressedGrace replaces closeGrace while the tree is over its descriptor
+// budget.
+const pressedGrace = 100 * time.Millisecond
+
+// New opens dir as the root of a loopback tree. The caller wraps the root
+// node it returns (Node) and passes that to go-fuse.
+func New(dir string, opts Options) (*Node, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	var st unix.Statx_t
+	if err := statFd(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "statx", Path: dir, Err: err}
+	}
+	r := &Root{opts: opts, dev: devOf(&st), euid: os.Geteuid(), inodes: map[inodeKey]*backing{}, budget: fdBudget()}
+	b := &backing{fd: fd, key: inodeKey{devOf(&st), st.Ino}, gen: genOf(&st), refs: 1}
+	r.inodes[b.key] = b
+	r.top = newNode(r, b)
+	return r.top, nil
+}
+
+// fdBudget is half the descriptor limit (at least 512): the share of it the
+// backing descriptors of one tree may take before relieve runs.
+func fdBudget() int {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<30 {
+		return 1 << 29
+	}
+	return max(int(rl.Cur/2), 512)
+}
+
+// relieve asks the kernel to forget the cached entries of a quarter of
+// the budget's worth of nodes, leaves first, so that it sends FORGET and
+// their descriptors close: the kernel keeps every inode it has looked up
+// cached until memory runs short, and each holds a descriptor here, so a
+// tree of more files than the descriptor limit (a git repository, a
+// node_modules) would otherwise end in EMFILE. An entry still in use (an
+// open file, a cwd) stays; the others are looked up again when next used.
+// It runs in its own goroutine: a notification sent from inside a request
+// can deadlock.
+func (r *Root) relieve(short bool) {
+	defer r.relieving.Store(false)
+	r.mu.Lock()
+	want := len(r.inodes) - r.budget/2
+	if short {
+		// Out of descriptors already, within the budget or not.
+		want = max(want, len(r.inodes)/2)
+	}
+	r.mu.Unlock()
+	var walk func(in *gofs.Inode) bool
+	walk = func(in *gofs.Inode) bool {
+		for name, ch := range in.Children() {
+			if want <= 0 {
+				return false
+			}
+			if ch.IsDir() && !walk(ch) {
+				return false
+			}
+			if !ch.IsDir() || len(ch.Children()) == 0 {
+				if in.NotifyEntry(name) == 0 {
+					want--
+				}
+			}
+		}
+		return want > 0
+	}
+	walk(r.top.EmbeddedInode())
+}
+
+// Reroot points n, the tree's root node, at dir again if dir is now another
+// directory than the one n holds, as when the host removed it and made it
+// again, or mounted something there. It reports whether it did. Nodes below
+// the old directory keep their inodes; the caller invalidates the kernel's
+// entries so that lookups go to the new one.
+func (n *Node) Reroot(dir string) (bool, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	var st unix.Statx_t
+	if err := statFd(fd, &st); err != nil {
+		unix.Close(fd)
+		return false, &os.PathError{Op: "statx", Path: dir, Err: err}
+	}
+	if cur := n.r.Load().b; cur.key == (inodeKey{devOf(&st), st.Ino}) && cur.gen == genOf(&st) {
+		unix.Close(fd)
+		return false, nil
+	}
+	n.claim(n.root.acquire(&st, fd)).drop()
+	return true, nil
+}
+
+// StableAttr is the identity go-fuse gives the node of a backing inode.
+func (r *Root) stableAttr(st *unix.Statx_t) gofs.StableAttr {
+	return gofs.StableAttr{Mode: uint32(st.Mode) & syscall.S_IFMT, Ino: r.ino(st), Gen: genOf(st)}
+}
+
+// ino is the inode number the mount shows for a backing inode. As in
+// go-fuse's loopback, the device is mixed in (rotated, relative to the
+// root's) so that a tree spanning filesystems keeps numbers apart, and
+// equals the backing number within the root's filesystem; the tag then
+// sets the tree apart from the others of the mount.
+func (r *Root) ino(st *unix.Statx_t) uint64 {
+	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
+	return st.Ino ^ rot(devOf(st)) ^ rot(r.dev) ^ uint64(r.opts.Tag)<<48
+}
+
+// acquire returns the backing record of the inode st describes, taking a
+// reference. fd, if not -1, is an O_PATH descriptor of that inode that the
+// caller opened; acquire owns it from here (it closes it if a record
+// already holds one). With fd -1 only a known record is returned (nil
+// otherwise).
+func (r *Root) acquire(st *unix.Statx_t, fd int) *backing {
+	key, gen := inodeKey{devOf(st), st.Ino}, genOf(st)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.inodes[key]; b != nil && !b.closed && b.gen == gen && (gen != 1 || sameFile(b.fd, st)) {
+		b.refs++
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return b
+	}
+	if fd < 0 {
+		return nil
+	}
+	// A record with another birth time is of an inode since deleted
+	// whose number the filesystem reused; its nodes keep it.
+	b := &backing{fd: fd, key: key, gen: gen, refs: 1}
+	r.inodes[key] = b
+	if len(r.inodes) > r.budget && r.top != nil && r.relieving.CompareAndSwap(false, true) {
+		go r.relieve(false)
+	}
+	return b
+}
+
+// openFd runs open, a call that makes a descriptor. If the process is out
+// of descriptors (EMFILE, ENFILE: nothing was opened or created), it has
+// the kernel forget cached entries and tries again, for up to about 2 s.
+func (r *Root) openFd(open func() (int, error)) (int, error) {
+	for i := 0; ; i++ {
+		fd, err := open()
+		if (err != unix.EMFILE && err != unix.ENFILE) || i == 20 || r.top == nil {
+			return fd, err
+		}
+		if r.relieving.CompareAndSwap(false, true) {
+			go r.relieve(true)
+		}
+		time.Sleep(time.Duration(i+1) * 10 * time.Millisecond)
+	}
+}
+
+// sameFile guards the reuse of a record on filesystems without birth
+// times: its inode must still be linked and of the same type.
+func sameFile(fd int, st *unix.Statx_t) bool {
+	var cur unix.Statx_t
+	return statFd(fd, &cur) == nil && cur.Nlink > 0 && cur.Mode&syscall.S_IFMT == st.Mode&syscall.S_IFMT
+}
+
+// release drops a reference; the last one closes the descriptor after
+// closeGrace unless a revived node takes it back first.
+func (r *Root) release(b *backing) {
+	r.mu.Lock()
+	b.refs--
+	last := b.refs == 0
+	grace := closeGrace
+	if len(r.inodes) > r.budget {
+		grace = pressedGrace // descriptors are short: close them soon
+	}
+	r.mu.Unlock()
+	if last {
+		time.AfterFunc(grace, func() { r.reap(b) })
+	}
+}
+
+func (r *Root) reap(b *backing) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b.refs > 0 || b.closed {
+		return
+	}
+	b.closed = true
+	unix.Close(b.fd)
+	if r.inodes[b.key] == b {
+		delete(r.inodes, b.key)
+	}
+}
+
+// revive takes a reference for a node go-fuse reused after forgetting it.
+func (r *Root) revive(b *backing) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.refs++
+	return true
+}
+
+// Inodes returns the number of backing descriptors held open.
+func (r *Root) Inodes() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, b := range r.inodes {
+		if !b.closed {
+			n++
+		}
+	}
+	return n
+}
+
+// ref is a node's claim on its backing record. It is a separate object,
+// not part of the node, so that a cleanup can release it once go-fuse drops
+// a node without ever forgetting it (a lookup race's loser): the node is in
+// cycles with the go-fuse tree; ref is not.
+type ref struct {
+	root *Root
+	b    *backing
+	held atomic.Bool
+}
+
+func (r *ref) drop() {
+	if r.held.CompareAndSwap(true, false) {
+		r.root.release(r.b)
+	}
+}
+
+func devOf(st *unix.Statx_t) uint64 { return unix.Mkdev(st.Dev_major, st.Dev_minor) }
+
+func genOf(st *unix.Statx_t) uint64 {
+	if st.Mask&unix.STATX_BTIME == 0 || (st.Btime.Sec == 0 && st.Btime.Nsec == 0) {
+		return 1
+	}
+	return uint64(st.Btime.Sec)*1e9 + uint64(st.Btime.Nsec)
+}
+
+const statxMask = unix.STATX_BASIC_STATS | unix.STATX_BTIME
+
+// statFd describes the inode fd refers to itself, never following it.
+func statFd(fd int, st *unix.Statx_t) error {
+	return unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_SYNC_AS_STAT, statxMask, st)
+}
+
+// statAt describes name in the directory dirfd, never following it.
+func statAt(dirfd int, name string, st *unix.Statx_t) error {
+	return unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_SYNC_AS_STAT, statxMask, st)
+}
+
+// procPath names the inode an O_PATH descriptor refers to, for the calls
+// that have no form taking one (chmod, truncate, xattrs, reopening). The
+// kernel resolves it to that very inode, never by a name in the tree.
+func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
