@@ -24,6 +24,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"regexp/syntax"
 	"sort"
 	"strings"
 	"syscall"
@@ -46,8 +47,14 @@ const (
 	// MaxGrepLine bounds the bytes of one line grep matches against: RE2
 	// is linear in the input, but a line of megabytes against a pattern
 	// of many states still takes minutes, and a line is the unit at which
-	// a call's deadline is checked.
+	// a call's deadline is checked. A pattern of many instructions gets
+	// fewer bytes (grepLineCap), down to MinGrepLine, so that one line's
+	// match costs about the same whatever the pattern.
 	MaxGrepLine = 64 << 10
+	MinGrepLine = 4 << 10
+	// grepLineWork is the bytes × program instructions one line's match
+	// may cost: about 50 ms of RE2's NFA here.
+	grepLineWork = 8 << 20
 )
 
 // Error is a failed call: a code (an errno name such as ENOENT, or one of
@@ -984,6 +991,21 @@ type GrepResult struct {
 
 // Grep searches files under a path. It runs inside the daemon: one call
 // searches the whole tree.
+// grepLineCap is how many bytes of a line grep matches pattern against:
+// grepLineWork over the size of the pattern's compiled program, within
+// [MinGrepLine, MaxGrepLine]. RE2's cost is about the product of the two.
+func grepLineCap(pattern string) int {
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return MinGrepLine
+	}
+	prog, err := syntax.Compile(re.Simplify())
+	if err != nil {
+		return MinGrepLine
+	}
+	return min(max(grepLineWork/max(len(prog.Inst), 1), MinGrepLine), MaxGrepLine)
+}
+
 func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 	if a.Pattern == nil || *a.Pattern == "" {
 		return nil, invalid("pattern is required")
@@ -992,6 +1014,7 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 	if err != nil {
 		return nil, invalid("pattern: %v", err)
 	}
+	lineCap := grepLineCap(*a.Pattern)
 	r, e := t.rel(a.Path)
 	if e != nil {
 		return nil, e
@@ -1019,7 +1042,7 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 				stopped = true
 				return false
 			}
-			if re.Match(line[:min(len(line), MaxGrepLine)]) {
+			if re.Match(line[:min(len(line), lineCap)]) {
 				if len(res.Matches) == limit {
 					res.Truncated = true
 					return false

@@ -302,8 +302,35 @@ func TestFifoNeverHangs(t *testing.T) {
 	}
 }
 
+// A line is matched on its first grepLineCap bytes: MaxGrepLine for a
+// small pattern, fewer for one of many instructions, never under
+// MinGrepLine. A match past the cap is not found.
+func TestGrepLineCap(t *testing.T) {
+	for _, c := range []struct {
+		pattern string
+		min     int
+		max     int
+	}{
+		{"needle", MaxGrepLine, MaxGrepLine},
+		{`foo.*bar`, MaxGrepLine, MaxGrepLine},
+		{`(\w+\s*){200}z`, MinGrepLine, 8 << 10},
+		{`(\w+\s*){1000}z`, MinGrepLine, MinGrepLine},
+		{`(`, MinGrepLine, MinGrepLine},
+	} {
+		if got := grepLineCap(c.pattern); got < c.min || got > c.max {
+			t.Errorf("grepLineCap(%q) = %d, want %d..%d", c.pattern, got, c.min, c.max)
+		}
+	}
+	root, needle := t.TempDir(), "needle"
+	os.WriteFile(filepath.Join(root, "long.txt"), []byte(strings.Repeat("x", MaxGrepLine)+"needle\nneedle\n"), 0o644)
+	res, err := New(root, "/").Grep(context.Background(), GrepArgs{Pattern: &needle})
+	if err != nil || len(res.Matches) != 1 || res.Matches[0].Line != 2 {
+		t.Errorf("grep past the line cap: %+v %v, want line 2 only", res, err)
+	}
+}
+
 // grep stops mid-file at its deadline, with TIMEOUT, and a single long line
-// is matched on its first MaxGrepLine bytes only.
+// is matched on its first grepLineCap bytes only.
 func TestGrepDeadline(t *testing.T) {
 	root := t.TempDir()
 	line := strings.Repeat("ab ", 333) + "\n"
