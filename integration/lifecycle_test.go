@@ -454,9 +454,17 @@ func TestMountOverNonEmpty(t *testing.T) {
 	}
 }
 
+func fuseOtherMode(t *testing.T) os.FileMode {
+	fi, err := os.Stat("/dev/fuse")
+	must(t, err)
+	return fi.Mode().Perm()
+}
+
 // TestCheckFuseAsUser: as a user other than root, `amlfs check` reports
-// FUSE ok only if the setuid fusermount3 is there to mount for it, and
-// otherwise says to install fuse3.
+// FUSE ok only if a trial mount as that user works, and otherwise says
+// what is missing: the setuid fusermount3 (install fuse3), or access to
+// /dev/fuse. As root, the trial mount works, and one with an option the
+// kernel refuses fails; neither leaves a mount behind.
 func TestCheckFuseAsUser(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		if os.Getenv("CI") != "" {
@@ -472,16 +480,51 @@ func TestCheckFuseAsUser(t *testing.T) {
 	data, err := os.ReadFile(amlfsBin)
 	must(t, err)
 	must(t, os.WriteFile(bin, data, 0o755))
+	mounts := func() string {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		must(t, err)
+		var n []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "amlfs:check") {
+				n = append(n, l)
+			}
+		}
+		return strings.Join(n, "\n")
+	}
 	cmd := exec.Command("setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "env", "HOME="+dir, "XDG_RUNTIME_DIR=",
 		bin, "check", "--store", "file://"+filepath.Join(dir, "store"), "--json")
 	out, _ := cmd.CombinedOutput()
-	want := `"detail": "/dev/fuse is present, but a user other than root mounts through the setuid fusermount3, which is missing: apt-get install fuse3"`
-	if p, err := exec.LookPath("fusermount3"); err == nil {
-		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSetuid != 0 {
-			want = `mounts for this user"`
+	var want []string
+	p, err := exec.LookPath("fusermount3")
+	fi, serr := os.Stat(p)
+	switch {
+	case err != nil || serr != nil || fi.Mode()&os.ModeSetuid == 0:
+		want = []string{`"detail": "/dev/fuse is present, but a user other than root mounts through the setuid fusermount3, which is missing: apt-get install fuse3"`}
+	case fuseOtherMode(t)&0o006 != 0o006: // 4242 is neither owner nor in the group
+		want = []string{`"status": "fail"`, `cannot be opened by this user`, `chmod 0666 /dev/fuse`}
+	default:
+		// uid 4242 has no passwd entry here, so fusermount3 itself
+		// refuses; what matters is that the trial mount ran.
+		want = []string{`a trial mount`, `mounts for this user`}
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("check as uid 4242: want %s in\n%s", w, out)
 		}
 	}
-	if !strings.Contains(string(out), want) {
-		t.Errorf("check as uid 4242: want %s in\n%s", want, out)
+	if m := mounts(); m != "" {
+		t.Errorf("check left its trial mount behind:\n%s", m)
+	}
+	e := newEnv(t)
+	r := e.amlfs("check", "--store", "file://"+filepath.Join(dir, "store"), "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, "a trial mount worked (as root") {
+		t.Errorf("check as root: %s", r)
+	}
+	r = e.amlfs("check", "--store", "file://"+filepath.Join(dir, "store"), "--json", "-o", "no_such_option")
+	if r.code == 0 || !strings.Contains(r.stdout, "a trial mount failed") || !strings.Contains(r.stdout, "invalid argument") {
+		t.Errorf("check with an option the kernel refuses: %s", r)
+	}
+	if m := mounts(); m != "" {
+		t.Errorf("check left its trial mount behind:\n%s", m)
 	}
 }

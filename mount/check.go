@@ -8,10 +8,14 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/revision"
+	"golang.org/x/sys/unix"
 )
 
 // CheckItem is one line of the preflight report.
@@ -95,17 +99,7 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 	if cfg.ID != "" {
 		checkIndex(ctx, &r, store)
 	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		r.add("fuse", "fail", "/dev/fuse: %v (a container needs --device /dev/fuse and CAP_SYS_ADMIN)", err)
-	} else if os.Geteuid() == 0 {
-		r.add("fuse", "ok", "/dev/fuse is present; as root amlfs mounts it directly")
-	} else if p, err := fusermountPath(); err != nil {
-		r.add("fuse", "fail", "/dev/fuse is present, but a user other than root mounts through the setuid fusermount3, which is missing: apt-get install fuse3")
-	} else if fi, err := os.Stat(p); err != nil || fi.Mode()&os.ModeSetuid == 0 {
-		r.add("fuse", "fail", "%s is not setuid root, so it cannot mount for a user other than root", p)
-	} else {
-		r.add("fuse", "ok", "/dev/fuse is present, and %s mounts for this user", p)
-	}
+	checkFUSE(&r, cfg.fuseOptions)
 	if mp != "" {
 		_, err := os.Stat(cfg.Mountpoint)
 		switch {
@@ -132,6 +126,83 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 		return r, errors.New("preflight found problems")
 	}
 	return r, nil
+}
+
+// checkFUSE says whether this user can mount: what is missing if
+// /dev/fuse or the setuid fusermount3 is, and otherwise the outcome of a
+// real mount, with the -o options mount would use, of an empty tree on a
+// scratch directory.
+func checkFUSE(r *CheckReport, opts []string) {
+	root := os.Geteuid() == 0
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		r.add("fuse", "fail", "/dev/fuse: %v (a container needs --device /dev/fuse and CAP_SYS_ADMIN)", err)
+		return
+	}
+	how := "as root amlfs mounts /dev/fuse directly"
+	if !root {
+		p, err := fusermountPath()
+		if err != nil {
+			r.add("fuse", "fail", "/dev/fuse is present, but a user other than root mounts through the setuid fusermount3, which is missing: apt-get install fuse3")
+			return
+		}
+		if fi, err := os.Stat(p); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+			r.add("fuse", "fail", "%s is not setuid root, so it cannot mount for a user other than root", p)
+			return
+		}
+		if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err != nil {
+			mode := ""
+			if fi, err := os.Stat("/dev/fuse"); err == nil {
+				mode = fmt.Sprintf(" (mode %v)", fi.Mode().Perm())
+			}
+			r.add("fuse", "fail", "/dev/fuse%s cannot be opened by this user: %v; fusermount3 opens it as the calling user, so it must be mode 0666, as distributions ship it (chmod 0666 /dev/fuse, or --device /dev/fuse in a container)", mode, err)
+			return
+		}
+		how = p + " mounts for this user"
+	}
+	if err := trialMount(opts); err != nil {
+		said := ""
+		if strings.Contains(err.Error(), "fusermount") {
+			said = " (fusermount3 printed why, above)"
+		}
+		r.add("fuse", "fail", "a trial mount failed: %v%s", err, said)
+		return
+	}
+	r.add("fuse", "ok", "a trial mount worked (%s)", how)
+}
+
+// trialMount mounts an empty tree on a scratch directory as mount would,
+// lists its root through the kernel, and unmounts it. It never leaves the
+// mount behind: a root that does not answer within 10 s is detached.
+func trialMount(opts []string) error {
+	dir, err := os.MkdirTemp("", "amlfs-check-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	backing, mp := filepath.Join(dir, "tree"), filepath.Join(dir, "mnt")
+	for _, d := range []string{backing, mp} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	f, err := fuse.Mount(mp, fuse.Options{Dir: backing, FsName: "amlfs:check", MountOptions: opts})
+	if err != nil {
+		return err
+	}
+	listed := make(chan error, 1)
+	go func() {
+		_, err := os.ReadDir(mp)
+		listed <- err
+	}()
+	select {
+	case err = <-listed:
+	case <-time.After(10 * time.Second):
+		err = errors.New("the trial mount did not answer within 10 s")
+	}
+	if uerr := f.Unmount(5*time.Second, true); uerr != nil && err == nil {
+		err = fmt.Errorf("unmount the trial mount: %w", uerr)
+	}
+	return err
 }
 
 // checkAccess says who can reach the mount, and what that needs.
