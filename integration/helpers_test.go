@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	case "lock":
 		lockChild()
 		os.Exit(0)
+	case "socket":
+		socketChild()
+		os.Exit(0)
 	default:
 		fmt.Println("unknown AMLFS_TEST_CHILD", os.Getenv("AMLFS_TEST_CHILD"))
 		os.Exit(2)
