@@ -639,3 +639,59 @@ func TestS3LiveKillSuid(t *testing.T) {
 		t.Fatalf("unmount: %s", r)
 	}
 }
+
+// TestS3LiveRenameBack: a rename leaves a delete of its source queued; a
+// copy to that key before the delete runs (a rename back, or over a file
+// just removed) must survive it. Before, the delete landed after the
+// copy: the bucket lost the file the mount still showed, and a chmod of
+// it then failed forever, hanging every later rename of it.
+func TestS3LiveRenameBack(t *testing.T) {
+	srv := startS3(t, false)
+	l := newLiveS3(t, srv, "back")
+	mp := l.mountNone("back")
+	s := filepath.Join(mp, "s")
+	must(t, os.WriteFile(filepath.Join(s, "a.txt"), []byte("one"), 0o644))
+	must(t, os.WriteFile(filepath.Join(s, "x.txt"), []byte("x"), 0o644))
+	must(t, os.WriteFile(filepath.Join(s, "y.txt"), []byte("y"), 0o644))
+	must(t, os.MkdirAll(filepath.Join(s, "d"), 0o755))
+	must(t, os.WriteFile(filepath.Join(s, "d", "f.txt"), []byte("deep"), 0o644))
+	l.drained(mp, "/s")
+
+	must(t, os.Rename(filepath.Join(s, "a.txt"), filepath.Join(s, "b.txt")))
+	must(t, os.Rename(filepath.Join(s, "b.txt"), filepath.Join(s, "a.txt")))
+	must(t, os.Remove(filepath.Join(s, "x.txt")))
+	must(t, os.Rename(filepath.Join(s, "y.txt"), filepath.Join(s, "x.txt")))
+	must(t, os.Rename(filepath.Join(s, "d"), filepath.Join(s, "e")))
+	must(t, os.Rename(filepath.Join(s, "e"), filepath.Join(s, "d")))
+	l.drained(mp, "/s")
+	for key, want := range map[string]string{"a.txt": "one", "x.txt": "y", "d/f.txt": "deep"} {
+		if b, err := l.get(key); err != nil || string(b) != want {
+			t.Errorf("bucket %s: %q %v, want %q", key, b, err, want)
+		}
+	}
+	for _, key := range []string{"b.txt", "y.txt", "e/f.txt"} {
+		if _, err := l.get(key); err == nil {
+			t.Errorf("bucket %s still there", key)
+		}
+	}
+	// Its metadata goes up, and a rename after it does not hang.
+	must(t, os.Chmod(filepath.Join(s, "a.txt"), 0o600))
+	l.drained(mp, "/s")
+	done := make(chan error, 1)
+	go func() { done <- os.Rename(filepath.Join(s, "a.txt"), filepath.Join(s, "c.txt")) }()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("rename hangs")
+	}
+	l.drained(mp, "/s")
+	h, err := l.head("c.txt")
+	must(t, err)
+	if h.Metadata["mode"] != fmt.Sprint(syscall.S_IFREG|0o600) {
+		t.Errorf("uploaded mode %s, want %d", h.Metadata["mode"], syscall.S_IFREG|0o600)
+	}
+	if r := l.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}

@@ -806,7 +806,7 @@ func (l *Live) runOps(batch []*op) []error {
 	}
 	o := batch[0]
 	errs[0] = l.put(ctx, o)
-	if errs[0] != nil {
+	if errs[0] != nil && !errors.Is(errs[0], errGiveUp) { // put logged a final one
 		l.errno("upload", o.key, errs[0])
 	}
 	return errs
@@ -851,6 +851,15 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	var err error
 	if up.Body == nil {
 		etag, err = l.setMetadata(ctx, o.key, md)
+		if IsNotFound(err) && Code(err) != "NoSuchBucket" {
+			// Deleted by another client: there is nothing left to
+			// give the metadata to, now or on a retry.
+			l.o.Log.Error("s3 live mount: the object is gone from the bucket (deleted by another client?); its mode, owner and times are not saved", "op", "upload", "path", l.url(o.key))
+			l.mu.Lock()
+			e.metaDirty, e.remote = false, false
+			l.mu.Unlock()
+			return fmt.Errorf("set metadata of %s: the object is gone: %w", l.url(o.key), errGiveUp)
+		}
 	} else {
 		etag, err = Put(ctx, l.o.Client, up)
 	}

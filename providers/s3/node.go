@@ -689,22 +689,29 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		}
 	}
 
-	// Server side first, so a failure leaves the tree as it was.
+	// Server side first, so a failure leaves the tree as it was. What
+	// is queued at either end lands first: at the source, so that the
+	// copy takes it; at the destination (the delete left by a rename
+	// away from there, say), so that it cannot land after the copy and
+	// undo it.
 	l.mu.Lock()
 	toKey := l.key(np.e) + newName
 	l.mu.Unlock()
 	if dir {
 		toKey += "/"
-		if err := l.q.flush(ctx, fromKey); err != nil {
-			return l.errno("rename", fromKey, err)
+	}
+	if dir || clean {
+		for _, k := range []string{fromKey, toKey} {
+			if err := l.q.flush(ctx, k); err != nil {
+				return l.errno("rename", k, err)
+			}
 		}
+	}
+	if dir {
 		if err := l.moveKeys(ctx, fromKey, toKey); err != nil {
 			return l.errno("rename", fromKey, err)
 		}
 	} else if clean {
-		if err := l.q.flush(ctx, fromKey); err != nil {
-			return l.errno("rename", fromKey, err)
-		}
 		if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &toKey, CopySource: aws.String(CopySource(l.o.Bucket, fromKey))}); err != nil {
 			return l.errno("rename", fromKey, err)
 		}
@@ -718,6 +725,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if old = np.e.children[newName]; old != nil {
 		// Its key is overwritten: by the copy, or by c's upload.
 		np.removeLocked(old)
+		if dir || clean {
+			delete(l.tombs, toKey) // the copy is there already
+		}
 	}
 	delete(n.e.children, name)
 	c.name, c.parent = newName, np.e

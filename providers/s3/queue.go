@@ -3,6 +3,7 @@ package s3
 import (
 	"container/list"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,7 +33,12 @@ type op struct {
 	waiters   []chan error
 	elem      *list.Element
 	tries     int
+	err       error     // of the last failed try
+	failedAt  time.Time // of the last failed try
 }
+
+// errGiveUp marks an op's error as final: the op is not tried again.
+var errGiveUp = errors.New("not retried")
 
 type queue struct {
 	mu      sync.Mutex
@@ -41,7 +47,6 @@ type queue struct {
 	pending map[string]*op  // GUARDED_BY(mu): not started, by key
 	running map[string]bool // GUARDED_BY(mu)
 	closed  bool            // GUARDED_BY(mu)
-	lastErr error           // GUARDED_BY(mu): of the last failed op, nil after a success
 	run     func(batch []*op) []error
 	// active is when the mount last served a change (unix ns). Delayed
 	// ops wait while changes keep coming, up to maxWait, so that the
@@ -107,7 +112,7 @@ func (q *queue) add(o *op, delay time.Duration, wait bool) chan error {
 	o.added = time.Now()
 	if delay > 0 {
 		o.notBefore = time.Now().Add(delay)
-		o.elem = q.order.PushBack(o)
+		q.insertDue(o)
 	} else {
 		o.notBefore = time.Time{}
 		o.elem = q.order.PushFront(o)
@@ -123,34 +128,55 @@ func (q *queue) busy(key string) bool {
 	return q.pending[key] != nil || q.running[key]
 }
 
+// under reports whether key is under prefix: prefix itself, or below it
+// when prefix is a directory's ("/"-terminated) or the whole bucket's ("").
+// A file's key is not a prefix of its siblings': "a" is not under "a.txt".
+func under(key, prefix string) bool {
+	if strings.HasSuffix(prefix, "/") || prefix == "" {
+		return strings.HasPrefix(key, prefix)
+	}
+	return key == prefix
+}
+
 // busyUnder reports whether any op under prefix is queued or running.
 func (q *queue) busyUnder(prefix string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.busyUnderLocked(prefix)
+	busy, _ := q.busyUnderLocked(prefix, time.Time{})
+	return busy
 }
 
-func (q *queue) busyUnderLocked(prefix string) bool {
-	for k := range q.pending {
-		if strings.HasPrefix(k, prefix) {
-			return true
+// busyUnderLocked reports whether any op under prefix is queued or
+// running, and the error of one that has failed since (its retry waits).
+func (q *queue) busyUnderLocked(prefix string, since time.Time) (bool, error) {
+	busy := false
+	for k, o := range q.pending {
+		if under(k, prefix) {
+			if !since.IsZero() && o.err != nil && o.failedAt.After(since) {
+				return true, o.err
+			}
+			busy = true
 		}
 	}
 	for k := range q.running {
-		if strings.HasPrefix(k, prefix) {
-			return true
+		if under(k, prefix) {
+			busy = true
 		}
 	}
-	return false
+	return busy, nil
 }
 
 // flush makes every op under prefix urgent and waits until none is left.
+// An op that fails meanwhile ends the wait with its error: the op is
+// retried later, but a caller waiting on it gets EIO now, not a hang
+// while the bucket stays away.
 func (q *queue) flush(ctx context.Context, prefix string) error {
+	start := time.Now()
 	q.mu.Lock()
 	for e := q.order.Front(); e != nil; {
 		next := e.Next()
 		o := e.Value.(*op)
-		if strings.HasPrefix(o.key, prefix) && !o.notBefore.IsZero() {
+		if under(o.key, prefix) && !o.notBefore.IsZero() {
 			o.notBefore = time.Time{}
 			q.order.MoveToFront(e)
 		}
@@ -160,20 +186,33 @@ func (q *queue) flush(ctx context.Context, prefix string) error {
 	q.mu.Unlock()
 	for {
 		q.mu.Lock()
-		busy, err := q.busyUnderLocked(prefix), q.lastErr
+		busy, err := q.busyUnderLocked(prefix, start)
 		q.mu.Unlock()
+		if err != nil {
+			return err
+		}
 		if !busy {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			if err != nil {
-				return err
-			}
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// insertDue puts a delayed op into the order after every op due no later
+// than it: next stops at the first op not yet due, so one retry waiting
+// 30 s must not hold back the ops due before it.
+func (q *queue) insertDue(o *op) {
+	for e := q.order.Back(); e != nil; e = e.Prev() {
+		if p := e.Value.(*op); p.notBefore.IsZero() || !p.notBefore.After(o.notBefore) {
+			o.elem = q.order.InsertAfter(o, e)
+			return
+		}
+	}
+	o.elem = q.order.PushFront(o)
 }
 
 // Len is the number of ops queued or running.
@@ -246,17 +285,15 @@ func (q *queue) worker() {
 			}
 			o.waiters = nil
 			if err != nil {
-				q.lastErr = err
-				if q.pending[o.key] == nil && (!q.closed || o.tries < 3) {
+				if q.pending[o.key] == nil && (!q.closed || o.tries < 3) && !errors.Is(err, errGiveUp) {
 					// Try again later, unless a newer op on the key
 					// has superseded this one.
 					o.tries++
-					o.notBefore = time.Now().Add(min(time.Duration(o.tries)*time.Second, 30*time.Second))
+					o.err, o.failedAt = err, time.Now()
+					o.notBefore = o.failedAt.Add(min(time.Duration(o.tries)*time.Second, 30*time.Second))
 					q.pending[o.key] = o
-					o.elem = q.order.PushBack(o)
+					q.insertDue(o)
 				}
-			} else {
-				q.lastErr = nil
 			}
 		}
 		q.cond.Broadcast()

@@ -136,3 +136,61 @@ func TestQueueOrdersOpsOnOneKey(t *testing.T) {
 		t.Fatalf("ran %v: the last op added must run last", r.ran)
 	}
 }
+
+// An op due soon runs soon, whatever waits longer ahead of it: next stops
+// at the first op not yet due, so ops must be in due order.
+func TestQueueDelayedOpsInDueOrder(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t}
+	q := newQueue(2, r.run)
+	defer q.close()
+	q.add(&op{key: "later", kind: opPut}, time.Hour, false)
+	ch := q.add(&op{key: "soon", kind: opPut}, 20*time.Millisecond, true)
+	select {
+	case err := <-ch:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("an op due in 20 ms waited behind one due in an hour")
+	}
+}
+
+// A flush waiting on an op that fails gets its error at once, not a wait
+// for the retries; the op is still retried.
+func TestQueueFlushFailsFast(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t, fail: map[string]int{"k": 1000}}
+	q := newQueue(2, r.run)
+	defer q.close()
+	q.add(&op{key: "k", kind: opPut}, time.Hour, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := q.flush(ctx, "k")
+	if err == nil || ctx.Err() != nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("flush of a failing op: %v after %s", err, time.Since(start))
+	}
+	if q.Len() != 1 {
+		t.Fatalf("the failed op is not kept for a retry: %d ops", q.Len())
+	}
+}
+
+// A file's flush waits for its own key only: "a" is not "a.txt". A
+// directory's ("/"-terminated) waits for everything below it.
+func TestQueueFlushUnder(t *testing.T) {
+	r := &recorder{active: map[string]bool{}, t: t}
+	q := newQueue(2, r.run)
+	defer q.close()
+	q.add(&op{key: "d/a.txt", kind: opPut}, time.Hour, false)
+	q.add(&op{key: "d/a", kind: opPut}, time.Hour, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := q.flush(ctx, "d/a"); err != nil {
+		t.Fatalf("flush of d/a: %v", err)
+	}
+	if !q.busy("d/a.txt") || q.busy("d/a") {
+		t.Fatal("flush of d/a ran d/a.txt, or not d/a")
+	}
+	if err := q.flush(ctx, "d/"); err != nil || q.Len() != 0 {
+		t.Fatalf("flush of d/: %v, %d ops left", err, q.Len())
+	}
+}
