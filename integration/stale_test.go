@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -140,8 +142,38 @@ func testPlaceholderWithoutItsBase(t *testing.T, newEnv func(*testing.T) *env) {
 	h := e.host(t)
 	mp = h.mount("gone", "--prefetch", "0")
 	must(t, os.Remove(filepath.Join(e.storeD, "gone", "revisions", rev, "files", "one.txt")))
-	if _, err := os.ReadFile(filepath.Join(mp, "one.txt")); err == nil || !strings.Contains(err.Error(), "input/output error") {
-		t.Errorf("read of a placeholder whose object is gone: %v", err)
+	status := func() (gone int, health string) {
+		var st struct {
+			GoneFiles int    `json:"goneFiles"`
+			Health    string `json:"health"`
+		}
+		must(t, json.Unmarshal([]byte(h.amlfs("status", mp, "--json").stdout), &st))
+		return st.GoneFiles, st.Health
+	}
+	if n, health := status(); n != 0 || health != "ok" {
+		t.Errorf("status before any read: %d gone files, health %q", n, health)
+	}
+	for range 3 {
+		if _, err := os.ReadFile(filepath.Join(mp, "one.txt")); err == nil || !strings.Contains(err.Error(), "input/output error") {
+			t.Errorf("read of a placeholder whose object is gone: %v", err)
+		}
+	}
+	// One log line for the three reads, naming the object and why.
+	logs, _ := filepath.Glob(filepath.Join(h.runtime, "*.log"))
+	var lines []string
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "fetch file bytes") && strings.Contains(line, "one.txt") {
+				lines = append(lines, line)
+			}
+		}
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], "revision "+rev+" was pruned") || !strings.Contains(lines[0], "revisions/"+rev+"/files/one.txt") {
+		t.Errorf("want one log line naming the object and the pruned revision, got %d:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	if n, health := status(); n != 1 || !strings.Contains(health, "another writer pruned") {
+		t.Errorf("status after the failed reads: %d gone files, health %q", n, health)
 	}
 	sh(t, mp, "echo three > three.txt")
 	r = h.amlfs("commit", mp)
@@ -152,7 +184,19 @@ func testPlaceholderWithoutItsBase(t *testing.T, newEnv func(*testing.T) *env) {
 		t.Errorf("current moved from %s to %s", rev, cur)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(e.storeD, "gone", "revisions")); len(ents) != 1 {
-		t.Errorf("the failed save left %d artifacts", len(ents))
+		out, _ := exec.Command("find", filepath.Join(e.storeD, "gone", "revisions")).CombinedOutput()
+		t.Errorf("the failed save left %d artifacts:\n%s", len(ents), out)
+	}
+	// The remedy the health line names: remove it, and all is well.
+	must(t, os.Remove(filepath.Join(mp, "one.txt")))
+	if n, health := status(); n != 0 || health != "ok" {
+		t.Errorf("status after the gone file was removed: %d gone files, health %q", n, health)
+	}
+	if r := h.amlfs("commit", mp); r.code != 0 {
+		t.Errorf("commit after the gone file was removed: %s", r)
+	}
+	if b, err := os.ReadFile(filepath.Join(mp, "two.txt")); err != nil || string(b) != "two\n" {
+		t.Errorf("two.txt: %q %v", b, err)
 	}
 	h.unmount(mp, "--no-save")
 }

@@ -119,23 +119,29 @@ func (s *SaveInfo) Note() string {
 
 // Status is what `amlfs status` reports.
 type Status struct {
-	ID              string    `json:"id"`
-	Store           string    `json:"store"`
-	Mountpoint      string    `json:"mountpoint"`
-	WorkDir         string    `json:"workDir"`
-	PID             int       `json:"pid"`
-	Phase           string    `json:"phase"`
-	CurrentRevision string    `json:"currentRevision"`
-	BaseRevision    string    `json:"baseRevision"`
-	Dirty           bool      `json:"dirty"`
-	Changes         int64     `json:"changes"`
-	Lock            string    `json:"lock"`
-	Passthrough     bool      `json:"passthrough"`
-	PendingFiles    int       `json:"pendingFiles"` // lazily restored files not fetched yet
-	PendingBytes    int64     `json:"pendingBytes"`
-	SavePolicy      string    `json:"savePolicy"`
-	LastSave        *SaveInfo `json:"lastSave,omitempty"`
-	StartedAt       time.Time `json:"startedAt"`
+	ID              string `json:"id"`
+	Store           string `json:"store"`
+	Mountpoint      string `json:"mountpoint"`
+	WorkDir         string `json:"workDir"`
+	PID             int    `json:"pid"`
+	Phase           string `json:"phase"`
+	CurrentRevision string `json:"currentRevision"`
+	BaseRevision    string `json:"baseRevision"`
+	Dirty           bool   `json:"dirty"`
+	Changes         int64  `json:"changes"`
+	Lock            string `json:"lock"`
+	Passthrough     bool   `json:"passthrough"`
+	PendingFiles    int    `json:"pendingFiles"` // lazily restored files not fetched yet
+	PendingBytes    int64  `json:"pendingBytes"`
+	// GoneFiles are lazily restored files whose bytes another writer
+	// pruned before they were fetched: reads give EIO, and a save fails
+	// with BASE_REVISION_GONE until they are removed or rewritten.
+	GoneFiles  int       `json:"goneFiles"`
+	SavePolicy string    `json:"savePolicy"`
+	LastSave   *SaveInfo `json:"lastSave,omitempty"`
+	StartedAt  time.Time `json:"startedAt"`
+	// Health is "ok", or what is wrong with the workspace.
+	Health string `json:"health"`
 	// Mounts are the live mounts and their health.
 	Mounts []MountStatus `json:"mounts,omitempty"`
 	// Metrics are the figures --metrics-addr serves, as name{labels}:
@@ -824,7 +830,7 @@ func (d *Daemon) Status() Status {
 		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
 		Passthrough: d.fs.Passthrough(), SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
-		Lock: "none",
+		Lock: "none", Health: "ok",
 	}
 	for i, p := range d.live {
 		m := d.cfg.Live[i]
@@ -844,6 +850,9 @@ func (d *Daemon) Status() Status {
 	st.Store = d.ws.Store().String()
 	st.Dirty = d.dirtyLocked()
 	st.PendingFiles, st.PendingBytes = d.ws.Pending()
+	if st.GoneFiles = d.ws.Gone(); st.GoneFiles > 0 {
+		st.Health = fmt.Sprintf("%d lazily restored files cannot be fetched: another writer pruned the revision holding their bytes; reads give EIO and a save fails with %s until they are removed or rewritten (or remount with --discard-unsaved)", st.GoneFiles, amlerr.BaseRevisionGone)
+	}
 	if idx := d.ws.Index(); idx != nil {
 		st.CurrentRevision = idx.Current
 	}

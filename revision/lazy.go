@@ -42,7 +42,11 @@ type lazyState struct {
 	pending  map[uint64]pendingFile // GUARDED_BY(mu): by inode
 	bytes    int64                  // GUARDED_BY(mu): bytes still pending
 	inflight map[uint64]*fetchCall  // GUARDED_BY(mu)
-	dirs     *dirSet                // directories still to populate (lazydir.go)
+	// gone are the pending files whose bytes another writer pruned: each
+	// read of one gives EIO, logged once. INVARIANT: a subset of pending.
+	// The value is the path where the fetch found it.
+	gone map[uint64]string // GUARDED_BY(mu)
+	dirs *dirSet           // directories still to populate (lazydir.go)
 }
 
 type fetchCall struct {
@@ -51,7 +55,7 @@ type fetchCall struct {
 }
 
 func newLazy(dir string) *lazyState {
-	return &lazyState{dir: dir, pending: map[uint64]pendingFile{}, inflight: map[uint64]*fetchCall{}}
+	return &lazyState{dir: dir, pending: map[uint64]pendingFile{}, inflight: map[uint64]*fetchCall{}, gone: map[uint64]string{}}
 }
 
 // addPlaceholder creates the placeholder for te at dst, whose bytes are at
@@ -170,6 +174,27 @@ func scanPending(dir string, sel Selection) (*lazyState, error) {
 }
 
 // Pending reports the files and bytes not fetched yet.
+// Gone is how many files a read found to be placeholders whose bytes
+// another writer pruned, and that are still where they were found: each
+// read of one gives EIO, and a save of the tree fails with
+// BASE_REVISION_GONE. One removed or moved away is no longer counted (a
+// moved one again at its next read).
+func (w *Workspace) Gone() int {
+	l := w.lazyState()
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for ino, p := range l.gone {
+		var st syscall.Stat_t
+		if _, pending := l.pending[ino]; !pending || syscall.Lstat(p, &st) != nil || st.Ino != ino {
+			delete(l.gone, ino)
+		}
+	}
+	return len(l.gone)
+}
+
 func (w *Workspace) Pending() (files int, bytes int64) {
 	l := w.lazyState()
 	if l == nil {
@@ -251,14 +276,23 @@ func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path st
 		func(ctx context.Context) error {
 			err := w.fill(ctx, pf, ino, path)
 			if err != nil {
-				w.log.Error("fetch file bytes", "op", "fetch", "path", path, "key", pf.key, "err", err)
+				l.mu.Lock()
+				_, logged := l.gone[ino]
+				l.mu.Unlock()
+				if !logged {
+					w.log.Error("fetch file bytes", "op", "fetch", "path", path, "key", pf.key, "err", err)
+				}
 			}
 			return err
 		},
 		func(err error) {
-			if err == nil {
+			switch {
+			case err == nil:
 				delete(l.pending, ino)
+				delete(l.gone, ino)
 				l.bytes -= pf.size
+			case amlerr.Code(err) == amlerr.BaseRevisionGone:
+				l.gone[ino] = path
 			}
 		})
 }
@@ -486,6 +520,7 @@ func (w *Workspace) fetchFrom(ctx context.Context, revPath string) bool {
 			// Unlinked: nothing needs its bytes any more.
 			l.mu.Lock()
 			delete(l.pending, j.ino)
+			delete(l.gone, j.ino)
 			l.bytes -= j.pf.size
 			l.mu.Unlock()
 			continue

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -249,10 +250,25 @@ func (st *s3Stager) objectKey(name string) (string, error) {
 	return st.s.key(st.key + name), nil
 }
 
-func (st *s3Stager) record(key string, size int64) {
+// expect notes key before a request that may create it, so that Abort
+// removes it even when the request's answer is lost: a request cancelled
+// (another upload of the save failed) or timed out may still have landed.
+func (st *s3Stager) expect(key string) {
 	st.mu.Lock()
 	st.written = append(st.written, key)
 	st.mu.Unlock()
+}
+
+// disown drops key from what Abort removes: an object found there
+// already, which is not this save's.
+func (st *s3Stager) disown(key string) {
+	st.mu.Lock()
+	st.written = slices.DeleteFunc(st.written, func(k string) bool { return k == key })
+	st.mu.Unlock()
+}
+
+// record reports key landed, with its size (0 for a copy).
+func (st *s3Stager) record(key string, size int64) {
 	if st.landed != nil {
 		st.landed(strings.TrimPrefix(key, st.s.key(st.key)), size)
 	}
@@ -383,12 +399,9 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 	if !ok {
 		return fmt.Errorf("put %s: body is not seekable", key)
 	}
-	if create && !record {
-		// Known before it may land, for Abort; a retry (!create) was
-		// known by the first try.
-		st.mu.Lock()
-		st.written = append(st.written, key)
-		st.mu.Unlock()
+	if create {
+		// A retry (!create) was expected by the first try.
+		st.expect(key)
 	}
 	_, err := s3p.Put(ctx, st.s.Client, s3p.Upload{Bucket: st.s.Bucket, Key: key, Body: ra, Size: size, IfNoneMatch: create})
 	if err != nil {
@@ -401,6 +414,7 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 				}
 				return nil
 			}
+			st.disown(key)
 			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
 		}
 		return st.s.wrap("put", key, err)
@@ -420,6 +434,7 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 	src := s3p.CopySource(st.s.Bucket, st.s.key(fromKey))
 	st.g.Go(func() error {
 		defer closeLocal(local)
+		st.expect(key)
 		_, err := st.s.Client.CopyObject(st.gctx, &s3.CopyObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key),
 			CopySource: aws.String(src), IfNoneMatch: aws.String("*")})
 		switch {
@@ -428,6 +443,7 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 			done(nil)
 			return nil
 		case s3p.IsPrecondition(err):
+			st.disown(key)
 			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
 		case s3p.IsNotFound(err):
 			// The base revision was pruned: write the bytes from the
@@ -463,7 +479,10 @@ func (st *s3Stager) Commit(ctx context.Context) error {
 func (st *s3Stager) Abort(ctx context.Context) error {
 	st.g.Wait()
 	var errs []error
-	for _, k := range st.written {
+	st.mu.Lock()
+	written := slices.Clone(st.written)
+	st.mu.Unlock()
+	for _, k := range written {
 		if _, err := st.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.s.Bucket, Key: aws.String(k)}); err != nil && !s3p.IsNotFound(err) {
 			errs = append(errs, err)
 		}

@@ -422,6 +422,7 @@ func statusCommand() *cli.Command {
 			if st.PendingFiles > 0 {
 				fmt.Fprintf(w, "lazy:        %d files (%d bytes) not fetched yet\n", st.PendingFiles, st.PendingBytes)
 			}
+			fmt.Fprintf(w, "health:      %s\n", st.Health)
 			for _, m := range st.Mounts {
 				mode := "rw"
 				if m.RO {
