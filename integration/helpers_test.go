@@ -261,3 +261,38 @@ func diffDigests(a, b map[string]string) []string {
 	sort.Strings(diffs)
 	return diffs
 }
+
+// needTools skips t when one of tools is missing, or fails it under CI,
+// where .ci/run must have installed pkg, which provides them.
+func needTools(t *testing.T, pkg string, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s (%s) is missing; .ci/run must install it", tool, pkg)
+			}
+			t.Skipf("%s (%s) is missing", tool, pkg)
+		}
+	}
+}
+
+// traversable opens e.root and every directory above it (below $TMPDIR)
+// to other users, for a test that runs something as another user.
+func (e *env) traversable() {
+	for d := e.root; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+}
+
+// attackerBin is a copy of this test binary that another user may run
+// (as AMLFS_TEST_CHILD), under a traversable e.root.
+func (e *env) attackerBin() string {
+	e.t.Helper()
+	e.traversable()
+	bin := filepath.Join(e.root, "bin", "attacker")
+	must(e.t, os.MkdirAll(filepath.Dir(bin), 0o755))
+	src, err := os.ReadFile(os.Args[0])
+	must(e.t, err)
+	must(e.t, os.WriteFile(bin, src, 0o755))
+	return bin
+}

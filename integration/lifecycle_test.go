@@ -466,12 +466,7 @@ func fuseOtherMode(t *testing.T) os.FileMode {
 // /dev/fuse. As root, the trial mount works, and one with an option the
 // kernel refuses fails; neither leaves a mount behind.
 func TestCheckFuseAsUser(t *testing.T) {
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("setpriv (util-linux) is missing")
-		}
-		t.Skip("setpriv (util-linux) is missing")
-	}
+	needTools(t, "util-linux", "setpriv")
 	dir, err := os.MkdirTemp("", "amlfs-check-")
 	must(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -111,12 +110,7 @@ func testLimits(t *testing.T, newEnv func(*testing.T) *env) {
 // 2,048, as a container runtime may set) still serves a tree of more
 // files than that: it raises its own limit.
 func TestManyInodes(t *testing.T) {
-	if _, err := exec.LookPath("prlimit"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("prlimit (util-linux) is missing")
-		}
-		t.Skip("prlimit (util-linux) is missing")
-	}
+	needTools(t, "util-linux", "prlimit")
 	e := newEnv(t)
 	e.bin = filepath.Join(t.TempDir(), "amlfs-lowlimit")
 	must(t, os.WriteFile(e.bin, []byte("#!/bin/sh\nexec prlimit --nofile=2048:2048 "+amlfsBin+" \"$@\"\n"), 0o755))

@@ -584,14 +584,10 @@ func TestS3LiveKeyLength(t *testing.T) {
 // a group-executable file, on an S3 live mount as on ext4; the cleared
 // mode is what is uploaded. Root's write keeps them.
 func TestS3LiveKillSuid(t *testing.T) {
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("no setpriv")
-	}
+	needTools(t, "util-linux", "setpriv")
 	srv := startS3(t, false)
 	l := newLiveS3(t, srv, "suid")
-	for d := l.root; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
+	l.traversable()
 	mp := l.mountNone("suid")
 	var st syscall.Stat_t
 	must(t, syscall.Stat(mp, &st))

@@ -38,14 +38,7 @@ func pjdfstest(t *testing.T) string {
 	if fileExists(filepath.Join(cache, "pjdfstest")) {
 		return cache
 	}
-	for _, tool := range []string{"autoreconf", "automake", "gcc", "make", "perl", "prove"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("pjdfstest needs %s; .ci/run must install it", tool)
-			}
-			t.Skipf("pjdfstest needs %s (apt-get install autoconf automake gcc make perl)", tool)
-		}
-	}
+	needTools(t, "autoconf automake gcc make perl, for pjdfstest", "autoreconf", "automake", "gcc", "make", "perl", "prove")
 	build := t.TempDir() + "/pjdfstest"
 	must(t, exec.Command("cp", "-r", src, build).Run())
 	cmd := exec.Command("sh", "-ec", "autoreconf -ifs && ./configure && make pjdfstest")

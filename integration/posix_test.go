@@ -660,13 +660,9 @@ func testStatfs(t *testing.T, dir string) {
 // group-executable file (amlfs handles FATTR_KILL_SUIDGID itself). Other
 // users need allow_other and a path they can traverse.
 func TestUnprivilegedTruncateKillsSuid(t *testing.T) {
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("no setpriv")
-	}
+	needTools(t, "util-linux", "setpriv")
 	e := newEnv(t)
-	for d := e.root; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
+	e.traversable()
 	dir := e.mount("suid", "-o", "allow_other")
 	must(t, os.Chmod(dir, 0o777))
 	p := filepath.Join(dir, "suid")

@@ -179,23 +179,13 @@ func victimState(t *testing.T, dir string) string {
 // TestExchangeRaceStaysInside races every operation, 10,000 tries each,
 // on the workspace and on a host-directory live mount.
 func TestExchangeRaceStaysInside(t *testing.T) {
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("no setpriv")
-	}
+	needTools(t, "util-linux", "setpriv")
 	tries := 10000
 	if testing.Short() {
 		tries = 1000
 	}
 	e := newEnv(t)
-	for d := e.root; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
-	// A copy of this test binary the attacker may run.
-	bin := filepath.Join(e.root, "bin", "attacker")
-	must(t, os.MkdirAll(filepath.Dir(bin), 0o755))
-	src, err := os.ReadFile(os.Args[0])
-	must(t, err)
-	must(t, os.WriteFile(bin, src, 0o755))
+	bin := e.attackerBin()
 
 	victim := filepath.Join(e.root, "victim")
 	must(t, os.Mkdir(victim, 0o755))

@@ -53,21 +53,9 @@ func socketChild() {
 // its first instant (bound under umask 077), with no window before a
 // chmod. Run with the bind outside that umask, the child connects.
 func TestControlSocketNoWindow(t *testing.T) {
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("setpriv (util-linux) is missing")
-		}
-		t.Skip("setpriv (util-linux) is missing")
-	}
+	needTools(t, "util-linux", "setpriv")
 	e := newEnv(t)
-	for d := e.root; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
-		os.Chmod(d, 0o755)
-	}
-	bin := filepath.Join(e.root, "bin", "attacker")
-	must(t, os.MkdirAll(filepath.Dir(bin), 0o755))
-	src, err := os.ReadFile(os.Args[0])
-	must(t, err)
-	must(t, os.WriteFile(bin, src, 0o755))
+	bin := e.attackerBin()
 	must(t, os.MkdirAll(e.runtime, 0o755))
 	// The daemon's socket path: the only .sock its first mount makes.
 	mp := e.mount("sock")

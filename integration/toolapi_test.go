@@ -402,16 +402,9 @@ func TestToolDeleteAllOrNothing(t *testing.T) {
 // The official TypeScript SDK's client, with StdioClientTransport's default
 // environment, lists the tools with their annotations and calls one.
 func TestMCPTypeScriptClient(t *testing.T) {
+	needTools(t, "nodejs npm", "node", "npm")
 	node, err := exec.LookPath("node")
-	if err == nil {
-		_, err = exec.LookPath("npm")
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("node and npm are missing; .ci/run must install them")
-		}
-		t.Skip("node and npm are missing")
-	}
+	must(t, err)
 	// The SDK, installed once into the tool cache.
 	home, _ := os.UserHomeDir()
 	dir := filepath.Join(home, ".cache", "amlfs-tools", "mcp-ts")
