@@ -7,6 +7,7 @@ VGW=${AMLFS_VERSITYGW:-$HOME/.cache/amlfs-tools/versitygw}
 AWS=/usr/bin/aws   # Debian's awscli (a pyenv shim may shadow it on PATH)
 [ -x "$AWS" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null
 
+. bench/mounted.sh
 rm -rf "$WORK"; mkdir -p "$WORK"/{data/bkt,bin,run}
 go build -o "$WORK/bin/amlfs" ./cmd/amlfs
 AM="$WORK/bin/amlfs"

@@ -27,7 +27,9 @@ trap cleanup EXIT
 "$WORK/bin/loopback" "$WORK/lb" "$WORK/lb-backing" >/dev/null 2>&1 &
 LBPID=$!
 "$WORK/bin/amlfs" mount --daemon "$WORK/am" --store "file://$WORK/store" --id bench --cache-dir "$WORK/cache" --save never >/dev/null
-for i in $(seq 50); do mountpoint -q "$WORK/lb" && break; sleep 0.1; done
+. bench/mounted.sh
+mounted "$WORK/lb" "the go-fuse loopback example"
+mounted "$WORK/am" "amlfs"
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # t CMD...: run CMD, print seconds

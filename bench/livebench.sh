@@ -39,6 +39,7 @@ umount_native() { rm -f "$1"; }
 mount_amlfs() {
   mkdir -p "$1"
   "$AM" mount --daemon "$1" --store none --mount "/d=s3://bkt/$2" --s3-endpoint "$EP" --s3-path-style --cache-dir "$WORK/amlfs-cache" >/dev/null
+  mounted "$1" amlfs
   ln -sfn "$1/d" "$WORK/view"
 }
 umount_amlfs() { "$AM" unmount "$1" >/dev/null; }
@@ -47,7 +48,7 @@ mount_rclone() {
   env -u AWS_CA_BUNDLE RCLONE_CONFIG_B_TYPE=s3 RCLONE_CONFIG_B_PROVIDER=Other RCLONE_CONFIG_B_ENDPOINT="$EP" \
     RCLONE_CONFIG_B_ACCESS_KEY_ID=benchkey RCLONE_CONFIG_B_SECRET_ACCESS_KEY=benchsecret RCLONE_CONFIG_B_FORCE_PATH_STYLE=true \
     rclone mount "B:bkt/$2" "$1" --vfs-cache-mode full --cache-dir "$WORK/rclone-cache" --daemon
-  for _ in $(seq 50); do mountpoint -q "$1" && break; sleep 0.2; done
+  mounted "$1" rclone
 }
 umount_rclone() { fusermount3 -u "$1" 2>/dev/null || fusermount -u "$1"; sleep 1; }
 mount_s3fs() {
@@ -55,7 +56,7 @@ mount_s3fs() {
   echo benchkey:benchsecret > "$WORK/s3fs.passwd"; chmod 600 "$WORK/s3fs.passwd"
   mkdir -p "$WORK/data/bkt/$2"
   env -u AWS_CA_BUNDLE s3fs "bkt:/$2" "$1" -o url="$EP" -o use_path_request_style -o passwd_file="$WORK/s3fs.passwd" -o use_cache="$WORK/s3fs-cache"
-  for _ in $(seq 50); do mountpoint -q "$1" && break; sleep 0.2; done
+  mounted "$1" s3fs
 }
 umount_s3fs() { fusermount3 -u "$1" 2>/dev/null || fusermount -u "$1"; sleep 1; }
 

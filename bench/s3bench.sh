@@ -25,6 +25,7 @@ sleep 1
 # --- 1 and 2: 10k files, 200 MB -------------------------------------------
 m="$WORK/m10k"
 "$AM" mount --daemon "$m" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c0" >/dev/null 2>&1
+mounted "$m" amlfs
 for d in $(seq 0 99); do mkdir "$m/d$d"; for f in $(seq 0 99); do head -c 20000 /dev/urandom > "$m/d$d/f$f"; done; done
 "$AM" unmount "$m" >/dev/null
 
@@ -32,13 +33,16 @@ for d in $(seq 0 99); do mkdir "$m/d$d"; for f in $(seq 0 99); do head -c 20000 
 # billed to the step after it.
 settle() { sync; sleep 1; }
 settle; t=$(now); "$AM" mount --daemon "$WORK/mlazy" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c1" --restore lazy --prefetch 0 >/dev/null 2>&1; LAZY=$(since $t)
+mounted "$WORK/mlazy" amlfs
 settle; t=$(now); "$AM" mount --daemon "$WORK/mfull" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c2" --restore full --no-lock >/dev/null 2>&1; FULL=$(since $t)
+mounted "$WORK/mfull" amlfs
 "$AM" unmount --no-save "$WORK/mfull" >/dev/null
 
 echo changed > "$WORK/mlazy/d42/f7"
 settle; t=$(now); "$AM" commit "$WORK/mlazy" >/dev/null; INC=$(since $t)
 # A full upload of the same tree: the same save with nothing to reuse.
 "$AM" mount --daemon "$WORK/mcopy" --store s3://bkt/bench --id tenk-copy $S3 --cache-dir "$WORK/c3" --load none >/dev/null 2>&1
+mounted "$WORK/mcopy" amlfs
 cp -a "$WORK/mlazy/." "$WORK/mcopy/"
 settle; t=$(now); "$AM" commit "$WORK/mcopy" >/dev/null; FULLSAVE=$(since $t)
 "$AM" unmount --no-save "$WORK/mcopy" >/dev/null
@@ -48,9 +52,11 @@ settle; t=$(now); "$AM" commit "$WORK/mcopy" >/dev/null; FULLSAVE=$(since $t)
 for i in $(seq 0 63); do head -c 16777216 /dev/urandom > "$WORK/src/f$i"; done
 m="$WORK/mgib"
 "$AM" mount --daemon "$m" --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c4" >/dev/null 2>&1
+mounted "$m" amlfs
 cp -a "$WORK/src/." "$m/"
 settle; t=$(now); "$AM" unmount "$m" >/dev/null; SAVE=$(since $t)
 settle; t=$(now); "$AM" mount --daemon "$WORK/mgib2" --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c5" --restore full >/dev/null 2>&1; RESTORE=$(since $t)
+mounted "$WORK/mgib2" amlfs
 # Incremental save where the files are large: change 1 of the 64.
 head -c 16777216 /dev/urandom > "$WORK/mgib2/f9"
 settle; t=$(now); "$AM" commit "$WORK/mgib2" >/dev/null; INCBIG=$(since $t)

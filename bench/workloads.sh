@@ -24,7 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 sleep 1
-mnt() { "$AM" mount --daemon "$WORK/$1" --store s3://bkt/work --id "$2" $S3 --cache-dir "$WORK/cache-$1" "${@:3}" >/dev/null 2>&1; }
+mnt() { "$AM" mount --daemon "$WORK/$1" --store s3://bkt/work --id "$2" $S3 --cache-dir "$WORK/cache-$1" "${@:3}" >/dev/null 2>&1; mounted "$WORK/$1" amlfs; }
 pending() { "$AM" status "$WORK/$1" --json | sed -n 's/.*"pendingFiles": \([0-9]*\).*/\1/p'; }
 
 # --- 1. npm ---------------------------------------------------------------

@@ -1,0 +1,16 @@
+# mounted.sh: sourced by the benchmarks.
+# mounted DIR WHAT: wait up to 10 s for DIR to be a FUSE mount point, and
+# exit the benchmark if it is not. A target whose mount failed is a plain
+# directory: timed anyway, it would report the disk's speed as the mount's
+# (fsbench once showed the go-fuse loopback at 1.0x on a machine without
+# fusermount).
+mounted() {
+  local fs=""
+  for _ in $(seq 100); do
+    fs=$(findmnt -n -o FSTYPE --mountpoint "$1" 2>/dev/null || true)
+    case $fs in fuse*) return 0 ;; esac
+    sleep 0.1
+  done
+  echo "$(basename "$0"): $2 is not mounted at $1 (${fs:-no mount there}); refusing to time a plain directory" >&2
+  exit 1
+}
