@@ -296,7 +296,7 @@ func (l *Live) Sync(ctx context.Context) error {
 	for _, e := range enq {
 		l.enqueuePut(e, 0)
 	}
-	return l.q.flush(ctx, l.o.Prefix)
+	return l.q.flush(ctx, l.o.Prefix, false)
 }
 
 func walk(e *ent, fn func(*ent)) {

@@ -702,7 +702,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	}
 	if dir || clean {
 		for _, k := range []string{fromKey, toKey} {
-			if err := l.q.flush(ctx, k); err != nil {
+			if err := l.q.flush(ctx, k, true); err != nil {
 				return l.errno("rename", k, err)
 			}
 		}

@@ -147,12 +147,13 @@ func (q *queue) busyUnder(prefix string) bool {
 }
 
 // busyUnderLocked reports whether any op under prefix is queued or
-// running, and the error of one that has failed since (its retry waits).
+// running, and, if since is set, the error of one that has failed
+// flushTries times or more, the last time after since (its retry waits).
 func (q *queue) busyUnderLocked(prefix string, since time.Time) (bool, error) {
 	busy := false
 	for k, o := range q.pending {
 		if under(k, prefix) {
-			if !since.IsZero() && o.err != nil && o.failedAt.After(since) {
+			if !since.IsZero() && o.tries >= flushTries && o.failedAt.After(since) {
 				return true, o.err
 			}
 			busy = true
@@ -166,12 +167,20 @@ func (q *queue) busyUnderLocked(prefix string, since time.Time) (bool, error) {
 	return busy, nil
 }
 
-// flush makes every op under prefix urgent and waits until none is left.
-// An op that fails meanwhile ends the wait with its error: the op is
-// retried later, but a caller waiting on it gets EIO now, not a hang
-// while the bucket stays away.
-func (q *queue) flush(ctx context.Context, prefix string) error {
-	start := time.Now()
+// flushTries is how many times an op may fail before a failFast flush
+// gives up on it (the SDK has retried each try already).
+const flushTries = 3
+
+// flush makes every op under prefix urgent and waits until none is left,
+// or ctx ends. With failFast, an op that has failed flushTries times, the
+// last time during the wait, ends it with its error: the op is retried
+// later, but a file system call waiting on it gets EIO within seconds,
+// not a hang while the bucket refuses it.
+func (q *queue) flush(ctx context.Context, prefix string, failFast bool) error {
+	var start time.Time
+	if failFast {
+		start = time.Now()
+	}
 	q.mu.Lock()
 	for e := q.order.Front(); e != nil; {
 		next := e.Next()

@@ -34,7 +34,7 @@ func TestQueueStress(t *testing.T) {
 				q.add(&op{key: key, kind: kind}, delay, false)
 				if rng.IntN(20) == 0 {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					if err := q.flush(ctx, key); err != nil && ctx.Err() != nil {
+					if err := q.flush(ctx, key, true); err != nil && ctx.Err() != nil {
 						t.Errorf("flush %s: %v", key, err)
 					}
 					cancel()
@@ -46,7 +46,7 @@ func TestQueueStress(t *testing.T) {
 	wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := q.flush(ctx, ""); err != nil && ctx.Err() != nil {
+	if err := q.flush(ctx, "", false); err != nil && ctx.Err() != nil {
 		q.mu.Lock()
 		t.Fatalf("flush: %v; pending %d running %v order %d", err, len(q.pending), q.running, q.order.Len())
 	}

@@ -78,7 +78,7 @@ func TestQueueBatchesDeletesAndFlushes(t *testing.T) {
 	q.add(&op{key: "other", kind: opPut}, time.Hour, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := q.flush(ctx, "d/"); err != nil {
+	if err := q.flush(ctx, "d/", false); err != nil {
 		t.Fatal(err)
 	}
 	r.mu.Lock()
@@ -104,7 +104,7 @@ func TestQueueRetriesAndReportsFailures(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := q.flush(ctx, ""); err != nil {
+	if err := q.flush(ctx, "", false); err != nil {
 		t.Fatal(err)
 	}
 	r.mu.Lock()
@@ -155,22 +155,33 @@ func TestQueueDelayedOpsInDueOrder(t *testing.T) {
 	}
 }
 
-// A flush waiting on an op that fails gets its error at once, not a wait
-// for the retries; the op is still retried.
+// A failFast flush waiting on an op that keeps failing gets its error
+// after flushTries tries, not a wait through every retry; the op is still
+// retried. A flush without failFast rides out failures until its context
+// ends, and a failure that heals in time is no error.
 func TestQueueFlushFailsFast(t *testing.T) {
-	r := &recorder{active: map[string]bool{}, t: t, fail: map[string]int{"k": 1000}}
+	r := &recorder{active: map[string]bool{}, t: t, fail: map[string]int{"k": 1000, "heals": 2}}
 	q := newQueue(2, r.run)
 	defer q.close()
 	q.add(&op{key: "k", kind: opPut}, time.Hour, false)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	start := time.Now()
-	err := q.flush(ctx, "k")
-	if err == nil || ctx.Err() != nil || time.Since(start) > 2*time.Second {
-		t.Fatalf("flush of a failing op: %v after %s", err, time.Since(start))
+	err := q.flush(ctx, "k", true)
+	if err == nil || ctx.Err() != nil || time.Since(start) > 8*time.Second {
+		t.Fatalf("failFast flush of a failing op: %v after %s", err, time.Since(start))
 	}
 	if q.Len() != 1 {
 		t.Fatalf("the failed op is not kept for a retry: %d ops", q.Len())
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	if err := q.flush(short, "k", false); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("flush without failFast of a failing op: %v, want its deadline", err)
+	}
+	q.add(&op{key: "heals", kind: opPut}, 0, false)
+	if err := q.flush(ctx, "heals", true); err != nil {
+		t.Fatalf("flush of an op that fails twice, then works: %v", err)
 	}
 }
 
@@ -184,13 +195,13 @@ func TestQueueFlushUnder(t *testing.T) {
 	q.add(&op{key: "d/a", kind: opPut}, time.Hour, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := q.flush(ctx, "d/a"); err != nil {
+	if err := q.flush(ctx, "d/a", true); err != nil {
 		t.Fatalf("flush of d/a: %v", err)
 	}
 	if !q.busy("d/a.txt") || q.busy("d/a") {
 		t.Fatal("flush of d/a ran d/a.txt, or not d/a")
 	}
-	if err := q.flush(ctx, "d/"); err != nil || q.Len() != 0 {
+	if err := q.flush(ctx, "d/", false); err != nil || q.Len() != 0 {
 		t.Fatalf("flush of d/: %v, %d ops left", err, q.Len())
 	}
 }
