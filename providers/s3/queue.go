@@ -142,21 +142,19 @@ func under(key, prefix string) bool {
 func (q *queue) busyUnder(prefix string) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	busy, _ := q.busyUnderLocked(prefix, time.Time{})
+	busy, _ := q.busyUnderLocked(prefix)
 	return busy
 }
 
 // busyUnderLocked reports whether any op under prefix is queued or
-// running, and, if since is set, the error of one that has failed
-// flushTries times or more, the last time after since (its retry waits).
-func (q *queue) busyUnderLocked(prefix string, since time.Time) (bool, error) {
-	busy := false
+// running, and of those waiting to be retried, the one that failed last.
+func (q *queue) busyUnderLocked(prefix string) (busy bool, failed *op) {
 	for k, o := range q.pending {
 		if under(k, prefix) {
-			if !since.IsZero() && o.tries >= flushTries && o.failedAt.After(since) {
-				return true, o.err
-			}
 			busy = true
+			if o.err != nil && (failed == nil || o.failedAt.After(failed.failedAt)) {
+				failed = o
+			}
 		}
 	}
 	for k := range q.running {
@@ -164,7 +162,7 @@ func (q *queue) busyUnderLocked(prefix string, since time.Time) (bool, error) {
 			busy = true
 		}
 	}
-	return busy, nil
+	return busy, failed
 }
 
 // flushTries is how many times an op may fail before a failFast flush
@@ -172,15 +170,13 @@ func (q *queue) busyUnderLocked(prefix string, since time.Time) (bool, error) {
 const flushTries = 3
 
 // flush makes every op under prefix urgent and waits until none is left,
-// or ctx ends. With failFast, an op that has failed flushTries times, the
-// last time during the wait, ends it with its error: the op is retried
-// later, but a file system call waiting on it gets EIO within seconds,
-// not a hang while the bucket refuses it.
+// or ctx ends (then with the error of the last op that failed, if any).
+// With failFast, an op that has failed flushTries times, the last time
+// during the wait, ends it with its error: the op is retried later, but a
+// file system call waiting on it gets EIO within seconds, not a hang
+// while the bucket refuses it.
 func (q *queue) flush(ctx context.Context, prefix string, failFast bool) error {
-	var start time.Time
-	if failFast {
-		start = time.Now()
-	}
+	start := time.Now()
 	q.mu.Lock()
 	for e := q.order.Front(); e != nil; {
 		next := e.Next()
@@ -195,16 +191,24 @@ func (q *queue) flush(ctx context.Context, prefix string, failFast bool) error {
 	q.mu.Unlock()
 	for {
 		q.mu.Lock()
-		busy, err := q.busyUnderLocked(prefix, start)
-		q.mu.Unlock()
-		if err != nil {
-			return err
+		busy, failed := q.busyUnderLocked(prefix)
+		var err error
+		if failed != nil {
+			err = failed.err
+			if failFast && failed.tries >= flushTries && failed.failedAt.After(start) {
+				q.mu.Unlock()
+				return err
+			}
 		}
+		q.mu.Unlock()
 		if !busy {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
+			if err != nil {
+				return err
+			}
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
