@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -295,4 +296,27 @@ func (e *env) attackerBin() string {
 	must(e.t, err)
 	must(e.t, os.WriteFile(bin, src, 0o755))
 	return bin
+}
+
+var nonRace struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// nonRaceBin is amlfs built without the race detector, once per test
+// process, for the tests that measure the daemon (its RSS) or drive it
+// hard for long (pjdfstest), where the detector's cost would dominate.
+func nonRaceBin(t *testing.T) string {
+	t.Helper()
+	nonRace.once.Do(func() {
+		nonRace.bin = filepath.Join(filepath.Dir(amlfsBin), "amlfs-norace")
+		if out, err := exec.Command("go", "build", "-o", nonRace.bin, "../cmd/amlfs").CombinedOutput(); err != nil {
+			nonRace.err = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if nonRace.err != nil {
+		t.Fatal(nonRace.err)
+	}
+	return nonRace.bin
 }

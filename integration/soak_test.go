@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,12 +37,8 @@ func TestSoak(t *testing.T) {
 		}
 		dur = d
 	}
-	bin := filepath.Join(t.TempDir(), "amlfs")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/amlfs").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
 	e := newEnv(t)
-	e.bin = bin
+	e.bin = nonRaceBin(t)
 	mp := filepath.Join(e.root, "mnt")
 	if r := e.mountAt(mp, "soak", "--retention", "4"); r.code != 0 {
 		t.Fatalf("mount: %s", r)
