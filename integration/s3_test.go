@@ -314,15 +314,15 @@ func TestS3TwoHosts(t *testing.T) {
 	}
 	b.unmount(mpb)
 
-	// Unlocked: both mount; A saves first; B's stale save exits 4 and A's
-	// revision stays current.
+	// Unlocked: both mount; A saves first; B's stale save exits 3
+	// (AML_PUBLISH_CONFLICT) and A's revision stays current.
 	ma := a.mount("shared", "--no-lock")
 	mb := b.mount("shared", "--no-lock")
 	sh(t, ma, "echo a2 > v")
 	sh(t, mb, "echo b2 > v")
 	ra := a.unmount(ma)
 	rb := b.unmount(mb)
-	if ra.code != 0 || rb.code != 4 {
+	if ra.code != 0 || rb.code != 3 || !strings.Contains(rb.stderr, "AML_PUBLISH_CONFLICT") {
 		t.Fatalf("A %s\nB %s", ra, rb)
 	}
 	if idx := readIndex(t, a, "shared"); idx.Current != strings.TrimSpace(ra.stdout) {
