@@ -56,6 +56,9 @@ type Options struct {
 	ReadOnlyRoot bool
 	// Ops, if set, is told of every request served, for metrics.
 	Ops OpObserver
+	// Shown, if set, is the stat data shown for restored files, which
+	// may differ from the working directory's (revision.Shown).
+	Shown loopback.Shown
 }
 
 // Live is a provider's tree grafted at a path. The workspace directory at
@@ -135,7 +138,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	// may cache entries and attributes long; amlfs invalidates what it
 	// changes itself. go-fuse would leave a SETATTR reply's time at 0,
 	// which makes the kernel ask again right after every chmod.
-	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout})
+	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown})
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,8 @@ type countingProxy struct {
 	putBytes int64 // their body bytes
 	copies   int   // CopyObject requests
 	putKeys  []string
-	fileGets int // GETs of revision file objects
+	fileGets int      // GETs of revision file objects
+	getKeys  []string // their URL paths
 	srv      *http.Server
 	endpoint string
 }
@@ -38,6 +39,7 @@ func startCountingProxy(t *testing.T, target string) *countingProxy {
 		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/files/") {
 			cp.mu.Lock()
 			cp.fileGets++
+			cp.getKeys = append(cp.getKeys, r.URL.Path)
 			cp.mu.Unlock()
 		}
 		if r.Method == http.MethodPut {
@@ -78,7 +80,7 @@ func (c *countReader) Close() error { return c.r.Close() }
 
 func (cp *countingProxy) reset() {
 	cp.mu.Lock()
-	cp.puts, cp.putBytes, cp.copies, cp.putKeys, cp.fileGets = 0, 0, 0, nil, 0
+	cp.puts, cp.putBytes, cp.copies, cp.putKeys, cp.fileGets, cp.getKeys = 0, 0, 0, nil, 0, nil
 	cp.mu.Unlock()
 }
 

@@ -322,7 +322,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
 		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics,
+		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.ws.Shown(),
 	})
 	if err != nil {
 		return err

@@ -66,7 +66,8 @@ func newLazy(dir string) *lazyState {
 // it), it is taken as is; anything else there is left alone. Raw syscalls:
 // an *os.File would register each descriptor with the runtime poller,
 // which costs more than the placeholder itself.
-func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp, error) {
+// shown, if not nil, is told of a placeholder made here.
+func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *Shown) (stamp, error) {
 	fd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if errors.Is(err, unix.ENOENT) {
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
@@ -84,6 +85,9 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp,
 	if err := unix.Fsetxattr(fd, PendingXattr, []byte(key), 0); err != nil {
 		return stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
 	}
+	if err := chownSaved(fd, te); err != nil {
+		return stamp{}, &os.PathError{Op: "chown", Path: dst, Err: err}
+	}
 	if err := unix.Fchmod(fd, te.Mode&0o777); err != nil {
 		return stamp{}, &os.PathError{Op: "chmod", Path: dst, Err: err}
 	}
@@ -94,11 +98,14 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp,
 		}
 	}
 	err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW)
-	var st unix.Stat_t
+	var st unix.Statx_t
 	switch {
 	case err == nil:
-		if err := unix.Fstat(fd, &st); err != nil {
+		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
 			return stamp{}, err
+		}
+		if shown != nil {
+			shown.restored(&st, te)
 		}
 	case errors.Is(err, unix.EEXIST):
 		buf := make([]byte, len(key)+1)
@@ -106,7 +113,7 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp,
 		if xerr != nil || string(buf[:n]) != key {
 			return stamp{}, nil // not ours: leave it
 		}
-		if err := unix.Lstat(dst, &st); err != nil {
+		if err := statx(dst, &st); err != nil {
 			return stamp{}, err
 		}
 	default:
@@ -119,8 +126,7 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string) (stamp,
 	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path}
 	l.bytes += te.Size
 	l.mu.Unlock()
-	return stamp{ino: st.Ino, size: uint64(st.Size),
-		mtime: syscall.Timespec(st.Mtim), ctime: syscall.Timespec(st.Ctim)}, nil
+	return stamp{ino: st.Ino, size: st.Size, mtime: tsOf(st.Mtime), ctime: tsOf(st.Ctime)}, nil
 }
 
 // validPendingKey checks a key read back from a placeholder's xattr.
@@ -375,9 +381,12 @@ func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path s
 	}
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
-	if b := w.baseTree(); b != nil {
-		if after, ok := statStamp(path); ok {
+	if after, ok := statStamp(path); ok {
+		if b := w.baseTree(); b != nil {
 			b.refresh(pf.origPath, ino, after)
+		}
+		if after.ino == ino {
+			w.shown.filled(ino, after.ctime.Nano())
 		}
 	}
 	return nil

@@ -177,7 +177,11 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	d.mu.Lock()
 	loaded := d.revs[pd.rev]
 	d.mu.Unlock()
+	// The stat data saved with the revision show only for a restore made
+	// in this process, whose numbers Shown knows from the start.
+	shown := w.shown
 	if !loaded {
+		shown = nil
 		// Resumed after a crash: read the revision's manifest again.
 		m, err := w.manifest(ctx, Entry{Path: pd.rev, Format: FormatFolder})
 		if err != nil {
@@ -199,7 +203,7 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	}
 	for _, te := range files {
 		key := pd.rev + "files/" + te.Path
-		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key)
+		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key, shown)
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@ package revision
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -81,15 +82,60 @@ func (l Limits) Check(subject string, entries int, bytes int64) error {
 
 // TreeEntry is one file, directory or symlink of a revision. For a file or
 // directory it is also the manifest entry: fields are in AML's
-// (alphabetical) order, and AML ignores the mtime key.
+// (alphabetical) order, and AML ignores the amlfs and mtime keys.
 type TreeEntry struct {
-	Mode  uint32 `json:"mode"`
-	Mtime Mtime  `json:"mtime,omitempty"`
-	Path  string `json:"path"`
-	Size  int64  `json:"size"`
+	// Stat is the rest of the stat data the mount showed when the entry
+	// was saved (see shown.go); zero if unknown.
+	Stat  EntryStat `json:"amlfs,omitzero"`
+	Mode  uint32    `json:"mode"`
+	Mtime Mtime     `json:"mtime,omitempty"`
+	Path  string    `json:"path"`
+	Size  int64     `json:"size"`
 	// Target is a symlink's target, exactly as readlink gives it.
 	Target string `json:"target,omitempty"`
 	Type   string `json:"type"`
+}
+
+// EntryStat is the stat data of a saved entry beyond AML's: what git's
+// index compares (with size and mtime) and the owner. In JSON it is one
+// compact string, "CTIME INO UID GID" with CTIME as an Mtime is written,
+// since a manifest has AML's 4 MiB bound: "1764882000.123456789 1234 1000 1000".
+type EntryStat struct {
+	Ctime    Mtime  // 0: unknown
+	Ino      uint64 // the inode number the mount showed; 0: unknown
+	Uid, Gid uint32
+}
+
+// MaxShownIno bounds a saved inode number: the mount keeps bits 48-63 for
+// its live mounts' numbers.
+const MaxShownIno = 1<<48 - 1
+
+func (s EntryStat) MarshalJSON() ([]byte, error) {
+	return json.Marshal(fmt.Sprintf("%s %d %d %d", s.Ctime, s.Ino, s.Uid, s.Gid))
+}
+
+func (s *EntryStat) UnmarshalJSON(b []byte) error {
+	var str string
+	if err := json.Unmarshal(b, &str); err != nil {
+		return fmt.Errorf("amlfs stat: %w", err)
+	}
+	f := strings.Split(str, " ")
+	if len(f) != 4 {
+		return fmt.Errorf("amlfs stat %q is not \"CTIME INO UID GID\"", str)
+	}
+	var out EntryStat
+	if err := out.Ctime.UnmarshalJSON(strconv.AppendQuote(nil, f[0])); err != nil {
+		return err
+	}
+	ino, err1 := strconv.ParseUint(f[1], 10, 64)
+	uid, err2 := strconv.ParseUint(f[2], 10, 32)
+	gid, err3 := strconv.ParseUint(f[3], 10, 32)
+	if err := errors.Join(err1, err2, err3); err != nil || ino > MaxShownIno {
+		return fmt.Errorf("amlfs stat %q has a bad number", str)
+	}
+	out.Ino, out.Uid, out.Gid = ino, uint32(uid), uint32(gid)
+	*s = out
+	return nil
 }
 
 // Mtime is a modification time in nanoseconds since the Unix epoch; 0 is
@@ -170,6 +216,26 @@ func NewManifest(tree []TreeEntry) *Manifest {
 		m.Entries = append(m.Entries, e)
 	}
 	return m
+}
+
+func (m *Manifest) hasStat() bool {
+	for _, e := range m.Tree() {
+		if e.Stat != (EntryStat{}) {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manifest) dropStat() {
+	for i := range m.Entries {
+		m.Entries[i].Stat = EntryStat{}
+	}
+	if m.Ext != nil {
+		for i := range m.Ext.Symlinks {
+			m.Ext.Symlinks[i].Stat = EntryStat{}
+		}
+	}
 }
 
 // ValidPath checks a relative, /-separated revision path.
@@ -297,7 +363,8 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 		return nil, amlerr.New(amlerr.LimitExceeded, subject, "manifest is %d bytes, over the %d byte limit (it grows with --max-entries%s)", len(data), max, limitHint)
 	}
 	type rawEntry struct {
-		Mode   *uint32 `json:"mode"`
+		Stat   EntryStat `json:"amlfs"`
+		Mode   *uint32   `json:"mode"`
 		Mtime  Mtime   `json:"mtime"`
 		Path   *string `json:"path"`
 		Size   *int64  `json:"size"`
@@ -335,7 +402,7 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 		if *e.Type != TypeFile && *e.Type != TypeDir {
 			return nil, amlerr.New(amlerr.InvalidStore, subject, "entry %q has type %q; only files and directories are allowed", *e.Path, *e.Type)
 		}
-		m.Entries = append(m.Entries, TreeEntry{Mode: *e.Mode, Mtime: e.Mtime, Path: *e.Path, Size: *e.Size, Type: *e.Type, Target: e.Target})
+		m.Entries = append(m.Entries, TreeEntry{Stat: e.Stat, Mode: *e.Mode, Mtime: e.Mtime, Path: *e.Path, Size: *e.Size, Type: *e.Type, Target: e.Target})
 	}
 	if raw.Ext != nil && len(raw.Ext.Symlinks) > 0 {
 		m.Ext = &ManifestExt{}
@@ -347,7 +414,7 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 			if e.Mode != nil {
 				mode = *e.Mode
 			}
-			m.Ext.Symlinks = append(m.Ext.Symlinks, TreeEntry{Mode: mode, Mtime: e.Mtime, Path: *e.Path, Type: TypeSymlink, Target: e.Target})
+			m.Ext.Symlinks = append(m.Ext.Symlinks, TreeEntry{Stat: e.Stat, Mode: mode, Mtime: e.Mtime, Path: *e.Path, Type: TypeSymlink, Target: e.Target})
 		}
 	}
 	if err := ValidateEntries(subject, m.Tree(), lim); err != nil {
@@ -370,6 +437,12 @@ func (m *Manifest) Marshal(lim Limits) ([]byte, error) {
 	data, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
+	}
+	if max := lim.ManifestBytes(); len(data) > max && m.hasStat() {
+		// The stat data only speeds up git after a restore: a tree
+		// that fits without it is saved without it.
+		m.dropStat()
+		return m.Marshal(lim)
 	}
 	if max := lim.ManifestBytes(); len(data) > max {
 		return nil, amlerr.New(amlerr.LimitExceeded, "manifest.json", "manifest would be %d bytes, over the %d byte limit (it grows with --max-entries%s)", len(data), max, limitHint)

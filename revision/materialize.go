@@ -35,6 +35,9 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 		if err != nil && !os.IsExist(err) {
 			return err
 		}
+		if err := chownSavedAt(dst, e); err != nil {
+			return err
+		}
 		m.dirs = append(m.dirs, e)
 		return nil
 	}
@@ -49,6 +52,9 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 		if err != nil {
 			return err
 		}
+		if err := chownSavedAt(dst, e); err != nil {
+			return err
+		}
 		return setMtime(dst, e.Mtime)
 	}
 	f, err := m.create(dst)
@@ -58,6 +64,9 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 	n, err := io.Copy(f, io.LimitReader(content, e.Size))
 	if err == nil && n != e.Size {
 		err = fmt.Errorf("%s: got %d bytes, manifest says %d", e.Path, n, e.Size)
+	}
+	if err == nil {
+		err = chownSaved(int(f.Fd()), e)
 	}
 	if err == nil {
 		err = f.Chmod(os.FileMode(e.Mode))

@@ -132,12 +132,17 @@ func TestManifestOrderAndFormat(t *testing.T) {
 			t.Errorf("%s: no mtime", es[i].Path)
 		}
 		es[i].Mtime = 0
+		if es[i].Type != TypeDir && (es[i].Stat.Ino == 0 || es[i].Stat.Ctime == 0) {
+			t.Errorf("%s: no inode number or ctime: %+v", es[i].Path, es[i].Stat)
+		}
+		es[i].Stat = EntryStat{}
 	}
 	es[0].Mtime = MtimeOf(time.Date(2026, 12, 4, 21, 0, 0, 123456789, time.UTC))
+	es[0].Stat = EntryStat{Ctime: es[0].Mtime + 1, Ino: 1234, Uid: 1000, Gid: 1001}
 	data, _ := NewManifest(es).Marshal(DefaultLimits)
 	// AML's keys, in AML's order, with mtime among them where AML's
 	// parser ignores it, and symlinks in the top-level extension.
-	want := `{"entries":[{"mode":420,"mtime":"1796418000.123456789","path":"A","size":1,"type":"file"},{"mode":493,"path":"a","size":0,"type":"directory"},{"mode":420,"path":"b.txt","size":1,"type":"file"},{"mode":493,"path":"a/b","size":0,"type":"directory"},{"mode":420,"path":"a/z.txt","size":2,"type":"file"},{"mode":420,"path":"a/b/c","size":1,"type":"file"}],"amlfs":{"symlinks":[{"mode":511,"path":"a/l","size":0,"target":"../b.txt","type":"symlink"}]},"version":1}`
+	want := `{"entries":[{"amlfs":"1796418000.123456790 1234 1000 1001","mode":420,"mtime":"1796418000.123456789","path":"A","size":1,"type":"file"},{"mode":493,"path":"a","size":0,"type":"directory"},{"mode":420,"path":"b.txt","size":1,"type":"file"},{"mode":493,"path":"a/b","size":0,"type":"directory"},{"mode":420,"path":"a/z.txt","size":2,"type":"file"},{"mode":420,"path":"a/b/c","size":1,"type":"file"}],"amlfs":{"symlinks":[{"mode":511,"path":"a/l","size":0,"target":"../b.txt","type":"symlink"}]},"version":1}`
 	if string(data) != want {
 		t.Errorf("manifest\n got %s\nwant %s", data, want)
 	}

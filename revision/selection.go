@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"unicode/utf8"
 
 	"github.com/bmatcuk/doublestar/v4"
@@ -184,7 +185,7 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 				if why := unsavableName(p); why != "" {
 					w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
 				}
-				w.out[mark] = TreeEntry{Path: p, Type: TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime())}
+				w.out[mark] = TreeEntry{Path: p, Type: TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime()), Stat: statOf(fi, false)}
 				any = true
 			}
 			continue
@@ -203,7 +204,7 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
 			continue
 		}
-		e := TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime())}
+		e := TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime()), Stat: statOf(fi, true)}
 		switch {
 		case fi.Mode().IsRegular():
 			e.Type, e.Size = TypeFile, fi.Size()
@@ -228,6 +229,20 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		any = true
 	}
 	return any, nil
+}
+
+// statOf is fi's owner and, with ino, its backing inode number and ctime
+// (the save turns those into the ones the mount shows: Shown.saved).
+func statOf(fi fs.FileInfo, ino bool) EntryStat {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return EntryStat{}
+	}
+	es := EntryStat{Uid: st.Uid, Gid: st.Gid}
+	if ino {
+		es.Ino, es.Ctime = st.Ino, Mtime(st.Ctim.Nano())
+	}
+	return es
 }
 
 // unsavableName says why no revision can hold path p, or "".

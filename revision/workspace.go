@@ -69,6 +69,8 @@ type Workspace struct {
 	// expect, once set, is the revision the tree was restored from: a
 	// save publishes only while it is still current (GUARDED_BY(mu)).
 	expect *baseExpect
+	// shown is the stat data the mount shows for restored files.
+	shown *Shown
 }
 
 type baseExpect struct {
@@ -145,7 +147,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	w := &Workspace{store: store, opts: opts, log: opts.Log}
+	w := &Workspace{store: store, opts: opts, log: opts.Log, shown: newShown()}
 	if !opts.NoLock {
 		lease, err := store.Lock(ctx, func(err error) {
 			opts.Log.Error("workspace lease lost; the next save or release will fail", "op", "heartbeat", "path", store.String(), "id", opts.ID, "err", err)
@@ -301,6 +303,8 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 	}
 	if e.Format == FormatFolder {
 		w.setBase(recordTree(dir, e, restored))
+		// A lazy restore's placeholders are noted as they are made.
+		w.shown.record(dir, restored, lazy == nil)
 	}
 	w.lmu.Lock()
 	w.lazy = lazy
@@ -312,6 +316,7 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 // With lazy set, files become placeholders (see lazy.go).
 func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection, lazy *lazyState) ([]TreeEntry, error) {
 	if e.Format == FormatArchive {
+		w.shown.reset(nil) // an archive keeps no stat data
 		// Validate the whole archive before extracting anything.
 		if _, err := w.Tree(ctx, e); err != nil {
 			return nil, err
@@ -328,6 +333,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 		return nil, err
 	}
 	entries := sel.Filter(m.Tree())
+	w.shown.reset(entries)
 	var nfiles, nbytes int64
 	for _, te := range entries {
 		if te.Type == TypeFile {
@@ -638,6 +644,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 					if read != nil {
 						// Its base was pruned: uploaded from the tree.
 						entries[i].Size, entries[i].Mtime = int64(read.size), Mtime(read.mtime.Nano())
+						entries[i].Stat.Ino, entries[i].Stat.Ctime = read.ino, Mtime(read.ctime.Nano())
 						up.uploaded++
 						up.uploadedBytes += int64(read.size)
 						up.baseGone++
@@ -676,6 +683,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			// mtime, which may be newer than the snapshot's.
 			entries[i].Size = int64(stp.size)
 			entries[i].Mtime = Mtime(stp.mtime.Nano())
+			entries[i].Stat.Ino, entries[i].Stat.Ctime = stp.ino, Mtime(stp.ctime.Nano())
 			up.uploaded++
 			up.uploadedBytes += int64(stp.size)
 			up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
@@ -694,6 +702,16 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			if !gone[te.Path] {
 				up.entries = append(up.entries, te)
 			}
+		}
+	}
+	// The manifest keeps the inode numbers and ctimes the mount shows.
+	for i, te := range up.entries {
+		if te.Stat.Ino != 0 {
+			ino, ctime := w.shown.saved(te.Stat.Ino, int64(te.Stat.Ctime))
+			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, Mtime(ctime)
+		}
+		if up.entries[i].Stat.Ino > MaxShownIno {
+			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = 0, 0
 		}
 	}
 	// Files may have grown since the snapshot's check.

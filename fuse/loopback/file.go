@@ -72,8 +72,9 @@ func (n *Node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn ui
 // dirStream lists a backing directory, with the inode numbers the mount
 // shows (the same as lookups give, tag and device mixed in).
 type dirStream struct {
-	ds  dirFile
-	mix uint64
+	ds    dirFile
+	mix   uint64
+	shown Shown // nil for none
 }
 
 // DirHandle is what OpendirHandle returns: a stream of entries that is
@@ -103,7 +104,19 @@ func (n *Node) openDir() (*dirStream, syscall.Errno) {
 		return nil, errno
 	}
 	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
-	return &dirStream{ds: ds.(dirFile), mix: rot(n.r.Load().b.key.dev) ^ rot(n.root.dev) ^ uint64(n.root.opts.Tag)<<48}, 0
+	d := &dirStream{ds: ds.(dirFile), mix: rot(n.r.Load().b.key.dev) ^ rot(n.root.dev) ^ uint64(n.root.opts.Tag)<<48}
+	if n.r.Load().b.key.dev == n.root.dev {
+		d.shown = n.root.opts.Shown
+	}
+	return d, 0
+}
+
+// ino is the number to show for an entry's backing number.
+func (d *dirStream) ino(ino uint64) uint64 {
+	if d.shown != nil {
+		ino = d.shown.DirIno(ino)
+	}
+	return ino ^ d.mix
 }
 
 func (d *dirStream) HasNext() bool { return d.ds.HasNext() }
@@ -111,14 +124,14 @@ func (d *dirStream) Close()        { d.ds.Close() }
 
 func (d *dirStream) Next() (fuse.DirEntry, syscall.Errno) {
 	e, errno := d.ds.Next()
-	e.Ino ^= d.mix
+	e.Ino = d.ino(e.Ino)
 	return e, errno
 }
 
 func (d *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	e, errno := d.ds.Readdirent(ctx)
 	if e != nil {
-		e.Ino ^= d.mix
+		e.Ino = d.ino(e.Ino)
 	}
 	return e, errno
 }

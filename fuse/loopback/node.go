@@ -107,12 +107,13 @@ func (n *Node) isLink() bool { return n.StableAttr().Mode == syscall.S_IFLNK }
 
 // fill sets a reply's attributes from the backing inode's.
 func (r *Root) fill(st *unix.Statx_t, a *fuse.Attr) {
-	a.Ino = r.ino(st)
+	var ctime unix.StatxTimestamp
+	a.Ino, ctime = r.shown(st)
 	a.Size = st.Size
 	a.Blocks = st.Blocks
 	a.Atime, a.Atimensec = uint64(st.Atime.Sec), st.Atime.Nsec
 	a.Mtime, a.Mtimensec = uint64(st.Mtime.Sec), st.Mtime.Nsec
-	a.Ctime, a.Ctimensec = uint64(st.Ctime.Sec), st.Ctime.Nsec
+	a.Ctime, a.Ctimensec = uint64(ctime.Sec), ctime.Nsec
 	a.Mode = uint32(st.Mode)
 	a.Nlink = st.Nlink
 	a.Uid, a.Gid = st.Uid, st.Gid
@@ -233,7 +234,11 @@ func (n *Node) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask 
 		return errnoOf(err)
 	}
 	out.FromStatx(&st)
-	out.Ino = n.root.ino(&st)
+	ino, ctime := n.root.shown(&st)
+	out.Ino = ino
+	if st.Mask&unix.STATX_CTIME != 0 {
+		out.Ctime.FromStatxTimestamp(&ctime)
+	}
 	if n.root.opts.AttrTimeout > 0 {
 		out.SetTimeout(n.root.opts.AttrTimeout)
 	}

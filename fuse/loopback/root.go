@@ -44,6 +44,21 @@ type Options struct {
 	// that a local filesystem would do, rather than reaching the unlinked
 	// file. An O_TMPFILE file is exempt.
 	Shared bool
+	// Shown, if set, gives some inodes other stat data than the backing
+	// inode's own: the workspace shows restored files as they were saved.
+	Shown Shown
+}
+
+// Shown maps a backing inode's number and ctime to the ones the mount
+// shows. It must keep numbers unique within the tree, and give a backing
+// inode (number and birth time) one number for its life.
+type Shown interface {
+	// Show returns the number and ctime to show for the backing inode
+	// ino born at gen (see genOf) whose ctime is ctime.
+	Show(ino, gen uint64, ctime unix.StatxTimestamp) (uint64, unix.StatxTimestamp)
+	// DirIno is the number to show for ino in a directory listing,
+	// where only the number is known.
+	DirIno(ino uint64) uint64
 }
 
 // Root is one backing directory and the table of the backing inodes the
@@ -191,8 +206,18 @@ func (r *Root) stableAttr(st *unix.Statx_t) gofs.StableAttr {
 // equals the backing number within the root's filesystem; the tag then
 // sets the tree apart from the others of the mount.
 func (r *Root) ino(st *unix.Statx_t) uint64 {
+	ino, _ := r.shown(st)
+	return ino
+}
+
+// shown returns the inode number and ctime the mount shows for st.
+func (r *Root) shown(st *unix.Statx_t) (uint64, unix.StatxTimestamp) {
 	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
-	return st.Ino ^ rot(devOf(st)) ^ rot(r.dev) ^ uint64(r.opts.Tag)<<48
+	ino, ctime := st.Ino, st.Ctime
+	if r.opts.Shown != nil && devOf(st) == r.dev {
+		ino, ctime = r.opts.Shown.Show(st.Ino, genOf(st), st.Ctime)
+	}
+	return ino ^ rot(devOf(st)) ^ rot(r.dev) ^ uint64(r.opts.Tag)<<48, ctime
 }
 
 // acquire returns the backing record of the inode st describes, taking a
