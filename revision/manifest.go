@@ -365,11 +365,11 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 	type rawEntry struct {
 		Stat   EntryStat `json:"amlfs"`
 		Mode   *uint32   `json:"mode"`
-		Mtime  Mtime   `json:"mtime"`
-		Path   *string `json:"path"`
-		Size   *int64  `json:"size"`
-		Target string  `json:"target"`
-		Type   *string `json:"type"`
+		Mtime  Mtime     `json:"mtime"`
+		Path   *string   `json:"path"`
+		Size   *int64    `json:"size"`
+		Target string    `json:"target"`
+		Type   *string   `json:"type"`
 	}
 	var raw struct {
 		Entries *[]rawEntry `json:"entries"`
