@@ -35,10 +35,13 @@ const (
 
 // Config is everything `amlfs mount` takes.
 type Config struct {
-	Mountpoint  string
-	Store       string // file:///dir
-	ID          string
-	Load        string // current | REV | none
+	Mountpoint string
+	Store      string // file:///dir
+	ID         string
+	Load       string // current | REV | none
+	// From, "ID" or "ID@REV", seeds a new workspace with a revision of
+	// another one on the same store (a fork).
+	From        string
 	Format      string
 	Save        string
 	Retention   int
@@ -173,6 +176,23 @@ func (c *Config) Normalize() error {
 	}
 	if c.Load == "" {
 		c.Load = "current"
+	}
+	if c.From != "" {
+		id, rev, _ := strings.Cut(c.From, "@")
+		if err := revision.ValidateID(id); err != nil {
+			return invalid(c.From, "--from: %v", err)
+		}
+		if id == c.ID {
+			return invalid(c.From, "--from names the workspace itself; a fork needs a new --id")
+		}
+		if rev != "" && rev != "current" {
+			if err := revision.ValidateRevisionID(rev); err != nil {
+				return invalid(c.From, "--from: %v", err)
+			}
+		}
+		if c.Load != "current" {
+			return invalid(c.From, "--from and --load cannot be given together: --from chooses what the new workspace loads")
+		}
 	}
 	if c.Load != "current" && c.Load != "none" {
 		if err := revision.ValidateRevisionID(c.Load); err != nil {

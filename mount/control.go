@@ -26,7 +26,7 @@ import (
 // SocketPath(mountpoint):
 //
 //	GET  /v1/status                     -> Status
-//	POST /v1/commit   {"revision":ID}   -> SaveInfo
+//	POST /v1/commit   {"revision":ID, "fork":NEWID?}   -> SaveInfo
 //	POST /v1/unmount  {"noSave":bool,"revision":ID} -> StopResult (after the daemon has stopped)
 //	POST /v1/refresh  {"path":P}        -> {"refreshed":[prefixes]} (live mounts; "" for all)
 //	GET  /v1/tools                      -> [{name, description, inputSchema}]
@@ -137,6 +137,7 @@ func (d *Daemon) serveControl() (*control, error) {
 	mux.HandleFunc("POST /v1/commit", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Revision string `json:"revision"`
+			Fork     string `json:"fork"`
 		}
 		if err := decodeBody(r, &req); err != nil {
 			writeErr(w, err)
@@ -145,7 +146,11 @@ func (d *Daemon) serveControl() (*control, error) {
 		// A client that gives up (killed, timed out) does not abort the
 		// save: it completes, and a retry with the same revision id
 		// finds it current.
-		info, err := d.Commit(context.WithoutCancel(r.Context()), req.Revision)
+		commit := d.Commit
+		if req.Fork != "" {
+			commit = func(ctx context.Context, rev string) (SaveInfo, error) { return d.CommitFork(ctx, req.Fork, rev) }
+		}
+		info, err := commit(context.WithoutCancel(r.Context()), req.Revision)
 		if err != nil {
 			writeErr(w, err)
 			return
@@ -316,8 +321,18 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 
 // Commit checkpoints a revision.
 func (c *Client) Commit(ctx context.Context, revision string) (SaveInfo, error) {
+	return c.CommitTo(ctx, revision, "")
+}
+
+// CommitTo checkpoints a revision; with fork set, as the first revision of
+// that new workspace.
+func (c *Client) CommitTo(ctx context.Context, revision, fork string) (SaveInfo, error) {
 	var info SaveInfo
-	err := c.do(ctx, http.MethodPost, "/v1/commit", map[string]any{"revision": revision}, &info)
+	body := map[string]any{"revision": revision}
+	if fork != "" {
+		body["fork"] = fork
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/commit", body, &info)
 	return info, err
 }
 

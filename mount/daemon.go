@@ -90,6 +90,8 @@ type SaveInfo struct {
 	SpecialFiles        []string `json:"specialFiles,omitempty"`
 	Seconds             float64  `json:"seconds"`
 	Skipped             bool     `json:"skipped,omitempty"`
+	// Fork is the new workspace a commit --fork published to.
+	Fork string `json:"fork,omitempty"`
 	// Warning is what the user must know of this save, if anything.
 	Warning string `json:"warning,omitempty"`
 }
@@ -194,7 +196,10 @@ type workState struct {
 	// Publishing is the revision a save was publishing when the state was
 	// written: if it is current at the next mount, the tree published it.
 	Publishing string `json:"publishing,omitempty"`
-	PID        int    `json:"pid"`
+	// Fork names what a fork not saved yet was forked from: its first
+	// save records it.
+	Fork *revision.ForkOrigin `json:"fork,omitempty"`
+	PID  int                  `json:"pid"`
 }
 
 // Hooks let the caller follow a daemon's start.
@@ -409,6 +414,9 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 					d.log.Info("the resumed tree's own save had published before the earlier run stopped", "revision", prev.Publishing)
 				}
 				d.ws.ExpectBase(was, ver, known)
+				if prev.Fork != nil {
+					d.ws.SetFork(prev.Fork)
+				}
 				d.mu.Lock()
 				d.resumed = &workState{IndexCurrent: &was}
 				if known {
@@ -442,6 +450,17 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 			return err
 		}
 		d.baseMark = -1
+	case cfg.From != "":
+		from, rev, _ := strings.Cut(cfg.From, "@")
+		start := time.Now()
+		e, err := d.ws.RestoreFork(ctx, from, rev, d.workDir, cfg.Selection())
+		d.metrics.Restore(err == nil, time.Since(start), d.restoredBytes.Load())
+		if err != nil {
+			return err
+		}
+		// Unsaved until its first save, which copies from the source.
+		d.baseRev, d.baseMark = e.ID, -1
+		d.log.Info("forked", "from", from, "revision", e.ID, "format", e.Format, "seconds", time.Since(start).Seconds())
 	case idx == nil && cfg.Load == "current":
 		d.log.Info("new workspace: the store has no index yet", "id", cfg.ID)
 		if err := os.Mkdir(d.workDir, 0o755); err != nil {
@@ -474,6 +493,7 @@ func (d *Daemon) writeState() error {
 	}
 	st.Publishing = d.publishing
 	d.mu.Unlock()
+	st.Fork = d.ws.Fork()
 	data, _ := json.Marshal(st)
 	return atomicfile.Write(d.state, "", data, 0o600)
 }
@@ -734,6 +754,48 @@ func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
 		d.mu.Unlock()
 	}()
 	return d.save(ctx, revID)
+}
+
+// CommitFork publishes the tree as the first revision of the new
+// workspace newID on the same store, under that workspace's own lease. The
+// mounted workspace stays as it was: its base, its unsaved changes, its
+// lease.
+func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo, error) {
+	d.mu.Lock()
+	stopping := d.stopping
+	d.mu.Unlock()
+	if stopping {
+		return SaveInfo{}, errors.New("the daemon is stopping")
+	}
+	if d.ws == nil {
+		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to fork")
+	}
+	thaw := d.fs.Freeze()
+	defer thaw()
+	d.setPhase("committing")
+	defer func() {
+		d.mu.Lock()
+		if d.phase == "committing" {
+			d.phase = "serving"
+		}
+		d.mu.Unlock()
+	}()
+	d.saveMu.Lock()
+	defer d.saveMu.Unlock()
+	d.mu.Lock()
+	base := d.baseRev
+	d.mu.Unlock()
+	res, err := d.ws.SaveFork(ctx, d.workDir, d.cfg.Selection(), newID, revID, base)
+	if err != nil {
+		d.metrics.Save("failed", 0, 0, 0)
+		return SaveInfo{}, err
+	}
+	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
+	d.log.Info("saved the tree as a fork", "fork", newID, "revision", res.Entry.ID, "files", res.Files,
+		"uploaded", res.Uploaded, "reused", res.Reused, "seconds", res.Elapsed.Seconds())
+	return SaveInfo{Revision: res.Entry.ID, Fork: newID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
+		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
+		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)]}, nil
 }
 
 // save publishes the working tree unless it is unchanged since it was

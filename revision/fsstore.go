@@ -38,9 +38,36 @@ func NewFSStore(base, id string) (*FSStore, error) {
 	return &FSStore{Base: base, ID: id, Seg: seg, LockRefresh: 5 * time.Minute, LockStale: 20 * time.Minute}, nil
 }
 
-func (s *FSStore) root() string           { return filepath.Join(s.Base, s.Seg) }
-func (s *FSStore) path(key string) string { return filepath.Join(s.root(), filepath.FromSlash(key)) }
-func (s *FSStore) String() string         { return "file://" + s.root() }
+func (s *FSStore) root() string { return filepath.Join(s.Base, s.Seg) }
+
+// path is key's file; a foreign key's is in its workspace's root.
+func (s *FSStore) path(key string) string {
+	dir, rel := s.locate(key)
+	return filepath.Join(dir, rel)
+}
+
+// locate splits key's file into the directory it must lie beneath and the
+// path below it: the root, or for a foreign key the base.
+func (s *FSStore) locate(key string) (dir, rel string) {
+	if seg, rest, ok := splitForeign(key); ok {
+		return s.Base, filepath.Join(seg, filepath.FromSlash(rest))
+	}
+	return s.root(), filepath.FromSlash(key)
+}
+
+// Sibling returns the store of workspace id under the same base.
+func (s *FSStore) Sibling(id string) (Store, error) {
+	o, err := NewFSStore(s.Base, id)
+	if err != nil {
+		return nil, err
+	}
+	o.LockRefresh, o.LockStale = s.LockRefresh, s.LockStale
+	return o, nil
+}
+
+// Foreign returns key as the workspace's siblings name it.
+func (s *FSStore) Foreign(key string) string { return foreign(s.Seg, key) }
+func (s *FSStore) String() string            { return "file://" + s.root() }
 
 func version(data []byte) string {
 	sum := sha256.Sum256(data)
@@ -132,12 +159,13 @@ func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
 // not a regular file is INVALID_STORE; O_NONBLOCK keeps a fifo from
 // hanging the open.
 func (s *FSStore) openObject(key string) (*os.File, error) {
-	rfd, err := unix.Open(s.root(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	dir, rel := s.locate(key)
+	rfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, notExist(&os.PathError{Op: "open", Path: s.root(), Err: err})
+		return nil, notExist(&os.PathError{Op: "open", Path: dir, Err: err})
 	}
 	defer unix.Close(rfd)
-	fd, err := unix.Openat2(rfd, filepath.FromSlash(key), &unix.OpenHow{
+	fd, err := unix.Openat2(rfd, rel, &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NONBLOCK,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS,
 	})
@@ -183,6 +211,9 @@ func (s *FSStore) realDirs() error {
 // leaves revisions/ at once, whole; a crash while its files are deleted
 // leaves the rest where the next save's cleanup looks.
 func (s *FSStore) Remove(ctx context.Context, key string) error {
+	if IsForeign(key) {
+		return fmt.Errorf("remove %s: another workspace's object", key)
+	}
 	if err := s.realDirs(); err != nil {
 		return err
 	}

@@ -131,6 +131,9 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 
 // validPendingKey checks a key read back from a placeholder's xattr.
 func validPendingKey(key string) bool {
+	if _, _, ok := splitForeign(key); ok {
+		return !strings.Contains(key, "\x00")
+	}
 	rest, ok := strings.CutPrefix(key, "revisions/")
 	return ok && !strings.Contains(key, "\x00") && ValidPath(rest) == nil
 }

@@ -189,7 +189,16 @@ type Manifest struct {
 // ManifestExt is amlfs's extension of the manifest, under the top-level
 // key "amlfs", which AML's parser ignores.
 type ManifestExt struct {
+	// Fork, in a fork's first revision, names the revision it was
+	// forked from.
+	Fork     *ForkOrigin `json:"fork,omitempty"`
 	Symlinks []TreeEntry `json:"symlinks,omitempty"`
+}
+
+// ForkOrigin names the workspace and revision a fork began from.
+type ForkOrigin struct {
+	ID       string `json:"id"`
+	Revision string `json:"revision,omitempty"` // "" for a tree never saved
 }
 
 // Tree returns every entry: files, directories and symlinks.
@@ -374,7 +383,8 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 	var raw struct {
 		Entries *[]rawEntry `json:"entries"`
 		Ext     *struct {
-			Symlinks []rawEntry `json:"symlinks"`
+			Fork     *ForkOrigin `json:"fork"`
+			Symlinks []rawEntry  `json:"symlinks"`
 		} `json:"amlfs"`
 		Version *int `json:"version"`
 	}
@@ -404,8 +414,16 @@ func ParseManifest(subject string, data []byte, lim Limits) (*Manifest, error) {
 		}
 		m.Entries = append(m.Entries, TreeEntry{Stat: e.Stat, Mode: *e.Mode, Mtime: e.Mtime, Path: *e.Path, Size: *e.Size, Type: *e.Type, Target: e.Target})
 	}
+	if raw.Ext != nil && raw.Ext.Fork != nil {
+		if ValidateID(raw.Ext.Fork.ID) != nil || (raw.Ext.Fork.Revision != "" && ValidateRevisionID(raw.Ext.Fork.Revision) != nil) {
+			return nil, amlerr.New(amlerr.InvalidStore, subject, "amlfs.fork names an invalid workspace or revision id")
+		}
+		m.Ext = &ManifestExt{Fork: raw.Ext.Fork}
+	}
 	if raw.Ext != nil && len(raw.Ext.Symlinks) > 0 {
-		m.Ext = &ManifestExt{}
+		if m.Ext == nil {
+			m.Ext = &ManifestExt{}
+		}
 		for i, e := range raw.Ext.Symlinks {
 			if e.Path == nil || e.Type == nil || *e.Type != TypeSymlink {
 				return nil, amlerr.New(amlerr.InvalidStore, subject, "amlfs.symlinks[%d] lacks a path or is not of type symlink", i)

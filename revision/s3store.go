@@ -56,7 +56,29 @@ func (s *S3Store) root() string {
 	return s.Prefix + "/" + s.Seg + "/"
 }
 
-func (s *S3Store) key(k string) string { return s.root() + k }
+// key is k's full key; a foreign key's is in its workspace's root.
+func (s *S3Store) key(k string) string {
+	if seg, rest, ok := splitForeign(k); ok {
+		o := *s
+		o.Seg = seg
+		return o.root() + rest
+	}
+	return s.root() + k
+}
+
+// Sibling returns the store of workspace id under the same prefix.
+func (s *S3Store) Sibling(id string) (Store, error) {
+	seg, err := Seg(id)
+	if err != nil {
+		return nil, err
+	}
+	o := *s
+	o.ID, o.Seg = id, seg
+	return &o, nil
+}
+
+// Foreign returns key as the workspace's siblings name it.
+func (s *S3Store) Foreign(key string) string { return foreign(s.Seg, key) }
 
 func (s *S3Store) String() string {
 	return "s3://" + s.Bucket + "/" + strings.TrimSuffix(s.root(), "/")
@@ -187,6 +209,9 @@ func (s *S3Store) deletePrefix(ctx context.Context, prefix string) error {
 }
 
 func (s *S3Store) Remove(ctx context.Context, key string) error {
+	if IsForeign(key) {
+		return fmt.Errorf("remove %s: another workspace's object", key)
+	}
 	if strings.HasSuffix(key, "/") {
 		return s.deletePrefix(ctx, s.key(key))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strings"
 )
 
 // Sentinel errors stores return, wrapped.
@@ -91,3 +92,42 @@ type Lease interface {
 	// name.
 	Holder() string
 }
+
+// A Family is a store that reaches the other workspaces under its base:
+// a fork reads its source's revision, and copies from it, by foreign keys.
+// A foreign key "../SEG/revisions/..." names an object of the workspace
+// whose segment is SEG, and means the same in every store of the family.
+type Family interface {
+	Store
+	// Sibling returns the store of workspace id under the same base.
+	Sibling(id string) (Store, error)
+	// Foreign returns key (one of this store's, or already foreign) as
+	// a foreign key.
+	Foreign(key string) string
+}
+
+// splitForeign parses a foreign key into its segment and the key within
+// that workspace's root. Only revision objects are reachable that way.
+func splitForeign(key string) (seg, rest string, ok bool) {
+	tail, ok := strings.CutPrefix(key, "../")
+	if !ok {
+		return "", "", false
+	}
+	seg, rest, ok = strings.Cut(tail, "/")
+	if !ok || seg == "" || seg == "." || seg == ".." || !strings.HasPrefix(rest, "revisions/") || ValidPath(strings.TrimSuffix(rest, "/")) != nil {
+		return "", "", false
+	}
+	return seg, rest, true
+}
+
+// foreign returns key of the workspace whose segment is seg as a foreign
+// key; a key that is foreign already stays as it is.
+func foreign(seg, key string) string {
+	if strings.HasPrefix(key, "../") {
+		return key
+	}
+	return "../" + seg + "/" + key
+}
+
+// IsForeign reports whether key names another workspace's object.
+func IsForeign(key string) bool { return strings.HasPrefix(key, "../") }

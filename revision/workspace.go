@@ -71,6 +71,9 @@ type Workspace struct {
 	expect *baseExpect
 	// shown is the stat data the mount shows for restored files.
 	shown *Shown
+	// fork, until the first save publishes, names the revision of
+	// another workspace the tree was forked from (GUARDED_BY(mu)).
+	fork *ForkOrigin
 }
 
 type baseExpect struct {
@@ -238,19 +241,31 @@ func (w *Workspace) Resolve(rev string) (Entry, error) {
 // Tree returns the entries of a revision, read from its manifest or
 // archive and fully validated.
 func (w *Workspace) Tree(ctx context.Context, e Entry) ([]TreeEntry, error) {
+	tree, _, err := w.Describe(ctx, e)
+	return tree, err
+}
+
+// Describe returns the entries of a revision, as Tree, and what it was
+// forked from if it is the first revision of a fork.
+func (w *Workspace) Describe(ctx context.Context, e Entry) ([]TreeEntry, *ForkOrigin, error) {
 	if e.Format == FormatArchive {
 		r, err := w.openArtifact(ctx, e.Path)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer r.Close()
-		return ReadArchive(r, "", e.Path, w.opts.Limits, nil)
+		tree, err := ReadArchive(r, "", e.Path, w.opts.Limits, nil)
+		return tree, nil, err
 	}
 	m, err := w.manifest(ctx, e)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return m.Tree(), nil
+	var fork *ForkOrigin
+	if m.Ext != nil {
+		fork = m.Ext.Fork
+	}
+	return m.Tree(), fork, nil
 }
 
 func (w *Workspace) openArtifact(ctx context.Context, key string) (io.ReadCloser, error) {
@@ -282,6 +297,12 @@ func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection)
 	if err != nil {
 		return Entry{}, err
 	}
+	return w.restore(ctx, e, dir, sel)
+}
+
+// restore materializes revision e, whose path may be a foreign key (a
+// fork's source), at dir.
+func (w *Workspace) restore(ctx context.Context, e Entry, dir string, sel Selection) (Entry, error) {
 	tmp := dir + ".restoring"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
@@ -435,6 +456,18 @@ type SaveResult struct {
 // the upload is removed and the previous revision stays current. revID may
 // be "" for a fresh UUID.
 func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID string) (SaveResult, error) {
+	return w.save(ctx, dir, sel, revID, w)
+}
+
+// save publishes the tree at dir, which is src's working tree: w's own, or
+// for a fork (commit --fork) the tree of the mounted workspace src. It
+// reuses src's base revision's objects and fetches through src's lazy
+// restore; only for w's own tree does the tree become w's new base.
+func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID string, src *Workspace) (SaveResult, error) {
+	if src != w {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	start := time.Now()
@@ -476,7 +509,7 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	// 1. Snapshot (of the whole tree: lazily restored directories get
 	// their placeholders first). 2. Limits.
-	if err := w.populateAll(ctx); err != nil {
+	if err := src.populateAll(ctx); err != nil {
 		return fail(err)
 	}
 	entries, skipped, err := Snapshot(dir, sel)
@@ -502,7 +535,7 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	entry := Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
 	_, files := treeSize(entries)
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
-	up, err := w.upload(ctx, dir, entry, entries, prog)
+	up, err := w.upload(ctx, dir, entry, entries, prog, src)
 	prog.finish()
 	if err != nil {
 		if errors.Is(err, ErrExist) {
@@ -534,14 +567,17 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 	w.index, w.version = next, ver
 	w.imu.Unlock()
 	w.expect = nil // the tree is now the new revision's
-	if entry.Format == FormatFolder {
-		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
-	} else {
-		w.setBase(nil)
+	w.fork = nil
+	if src == w {
+		if entry.Format == FormatFolder {
+			w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
+		} else {
+			w.setBase(nil)
+		}
+		// Placeholders not fetched yet now take their bytes from the
+		// new revision, where the save copied them.
+		w.repoint(up.moves)
 	}
-	// Placeholders not fetched yet now take their bytes from the new
-	// revision, where the save copied them.
-	w.repoint(up.moves)
 	// 5. Prune, only now, and never a revision a placeholder still needs.
 	total, files = treeSize(up.entries)
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
@@ -575,7 +611,7 @@ type uploadStats struct {
 // upload writes the artifact. For a folder revision, a file unchanged since
 // the base tree (same stamp) reuses the base revision's object; only the
 // rest is uploaded. Must hold w.mu.
-func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry, prog *progress) (up uploadStats, err error) {
+func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry, prog *progress, src *Workspace) (up uploadStats, err error) {
 	st, err := w.store.Stage(ctx, entry.Path)
 	if err != nil {
 		return up, err
@@ -592,7 +628,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		}
 	}()
 	if entry.Format == FormatArchive {
-		if err := w.ensureAll(ctx, entries); err != nil {
+		if err := src.ensureAll(ctx, entries); err != nil {
 			return up, err
 		}
 		pr, pw := io.Pipe()
@@ -609,10 +645,17 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		up.uploadedBytes, up.uploaded = treeSize(up.entries)
 		return up, st.Commit(ctx)
 	}
-	// Reuse only from a base revision the index still holds.
-	base := w.baseTree()
-	if base != nil && (w.index == nil || !hasRevision(w.index, base.rev)) {
+	// Reuse only from a base revision the index still holds, or another
+	// workspace's (a fork's source: if it is gone, the bytes come from
+	// the tree).
+	base := src.baseTree()
+	if base != nil && !IsForeign(base.revPath) && (src.index == nil || !hasRevision(src.index, base.rev)) {
 		base = nil
+	}
+	// The base's keys as w's store names them.
+	baseKey := func(k string) string { return k }
+	if src != w {
+		baseKey = src.store.(Family).Foreign
 	}
 	up.stamps = make(map[string]baseFile, len(entries))
 	var mu sync.Mutex // guards entries, up while uploads land
@@ -626,6 +669,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		}
 		name := "files/" + te.Path
 		key, stp, ok := base.reusable(dir, te.Path)
+		key = baseKey(key)
 		if ok && stp.size == uint64(te.Size) {
 			f, isGone, err := openSaved(filepath.Join(dir, filepath.FromSlash(te.Path)))
 			if err != nil {
@@ -665,7 +709,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			}
 		}
 		// A placeholder gets its bytes before they are read.
-		if err := w.Ensure(ctx, te.Path); err != nil {
+		if err := src.Ensure(ctx, te.Path); err != nil {
 			return up, err
 		}
 		f, isGone, err := openSaved(filepath.Join(dir, filepath.FromSlash(te.Path)))
@@ -707,7 +751,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	// The manifest keeps the inode numbers and ctimes the mount shows.
 	for i, te := range up.entries {
 		if te.Stat.Ino != 0 {
-			ino, ctime := w.shown.saved(te.Stat.Ino, int64(te.Stat.Ctime))
+			ino, ctime := src.shown.saved(te.Stat.Ino, int64(te.Stat.Ctime))
 			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, Mtime(ctime)
 		}
 		if up.entries[i].Stat.Ino > MaxShownIno {
@@ -720,7 +764,14 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			return up, err
 		}
 	}
-	data, err := NewManifest(up.entries).Marshal(w.opts.Limits)
+	m := NewManifest(up.entries)
+	if w.fork != nil {
+		if m.Ext == nil {
+			m.Ext = &ManifestExt{}
+		}
+		m.Ext.Fork = w.fork
+	}
+	data, err := m.Marshal(w.opts.Limits)
 	if err != nil {
 		return up, err
 	}

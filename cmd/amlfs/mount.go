@@ -28,6 +28,7 @@ func mountFlags() []cli.Flag {
 		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
 		&cli.StringFlag{Name: "id", Usage: "workspace identity (default: a new UUID, printed)"},
 		&cli.StringFlag{Name: "load", Value: "current", Usage: "current, a revision id, or none"},
+		&cli.StringFlag{Name: "from", Usage: "seed this new workspace with a revision of another one on the same store: ID or ID@REV (a fork)"},
 		&cli.StringFlag{Name: "format", Value: "folder", Usage: "format of saved revisions: folder or archive"},
 		&cli.StringFlag{Name: "save", Value: mount.SaveOnSuccess, Usage: "on-success, always or never"},
 		&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
@@ -87,7 +88,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		fo = append(fo, strings.Split(o, ",")...)
 	}
 	return mount.Config{
-		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), Load: c.String("load"),
+		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), Load: c.String("load"), From: c.String("from"),
 		Format: c.String("format"), Save: c.String("save"), Retention: c.Int("retention"),
 		Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
 		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), DiscardUnsaved: c.Bool("discard-unsaved"), MetricsAddr: c.String("metrics-addr"), CacheDir: c.String("cache-dir"),
@@ -328,17 +329,21 @@ func commitCommand() *cli.Command {
 		Name:      "commit",
 		Usage:     "checkpoint the workspace as a revision now, without unmounting; prints its id",
 		ArgsUsage: "MOUNTPOINT",
-		Flags:     []cli.Flag{&cli.StringFlag{Name: "revision", Usage: "caller-chosen revision id"}},
+		Flags: []cli.Flag{&cli.StringFlag{Name: "revision", Usage: "caller-chosen revision id"},
+			&cli.StringFlag{Name: "fork", Usage: "publish the tree as the first revision of the new workspace NEWID on the same store instead, leaving the mounted one as it is"}},
 		Action: func(c *cli.Context) error {
 			mp, cl, err := daemonClient(c)
 			if err != nil {
 				return err
 			}
-			info, err := cl.Commit(c.Context, c.String("revision"))
+			info, err := cl.CommitTo(c.Context, c.String("revision"), c.String("fork"))
 			if err != nil {
 				return notRunning(mp, err)
 			}
 			fmt.Fprintln(c.App.Writer, info.Revision)
+			if info.Fork != "" {
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: published as the first revision of workspace %q (%d files: %d uploaded, %d copied from this workspace's objects); the mounted workspace is unchanged\n", info.Fork, info.Files, info.Uploaded, info.Reused)
+			}
 			if n := info.Note(); n != "" {
 				fmt.Fprintln(c.App.ErrWriter, "amlfs: "+n)
 			}

@@ -73,14 +73,17 @@ type revisionInfo struct {
 	Entries int   `json:"entries"`
 	Files   int   `json:"files"`
 	Bytes   int64 `json:"bytes"`
+	// ForkOf names the revision of another workspace this one, a fork's
+	// first revision, began from.
+	ForkOf *revision.ForkOrigin `json:"forkOf,omitempty"`
 }
 
 func describe(ctx context.Context, ws *revision.Workspace, e revision.Entry) (revisionInfo, []revision.TreeEntry, error) {
-	tree, err := ws.Tree(ctx, e)
+	tree, fork, err := ws.Describe(ctx, e)
 	if err != nil {
 		return revisionInfo{}, nil, err
 	}
-	info := revisionInfo{Entry: e, Current: ws.Index().Current == e.ID, Entries: len(tree)}
+	info := revisionInfo{Entry: e, Current: ws.Index().Current == e.ID, Entries: len(tree), ForkOf: fork}
 	for _, te := range tree {
 		if te.Type == revision.TypeFile {
 			info.Files++
@@ -156,6 +159,13 @@ func revisionsCommand() *cli.Command {
 						}{info, tree})
 					}
 					fmt.Fprintf(c.App.Writer, "revision %s (%s, %s): %d entries, %d bytes\n", e.ID, e.Format, e.CreatedAt, info.Entries, info.Bytes)
+					if f := info.ForkOf; f != nil {
+						from := f.Revision
+						if from == "" {
+							from = "a tree never saved"
+						}
+						fmt.Fprintf(c.App.Writer, "forked from workspace %q, revision %s\n", f.ID, from)
+					}
 					for _, te := range tree {
 						kind, name := "f", te.Path
 						switch te.Type {

@@ -1,0 +1,123 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// Forks. A fork is a new workspace that begins as a revision of another
+// one on the same store. Its tree is restored, lazily as any other, from
+// the source's objects by foreign keys (store.go), and its first save
+// reuses them as an incremental save reuses its base's: a server-side copy
+// on S3, a hard link on a file store. From then on the fork holds its own
+// copies, and the source may prune the revision. The fork takes its own
+// lease, never the source's; its first revision's manifest names the
+// source in the extension key amlfs.fork, which AML ignores.
+
+// RestoreFork restores revision rev ("" or "current" for the current one)
+// of workspace from, on the same store, at dir, as the beginning of w,
+// which must have no revisions yet.
+func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel Selection) (Entry, error) {
+	fam, ok := w.store.(Family)
+	if !ok {
+		return Entry{}, amlerr.New(amlerr.InvalidConfig, w.store.String(), "this store cannot fork")
+	}
+	if from == w.opts.ID {
+		return Entry{}, amlerr.New(amlerr.InvalidConfig, from, "--from names the workspace itself")
+	}
+	if w.Index() != nil {
+		return Entry{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "workspace %q already has revisions in %s; --from seeds a new workspace (choose a new --id, or mount without --from)", w.opts.ID, w.store)
+	}
+	if err := ValidateID(from); err != nil {
+		return Entry{}, err
+	}
+	ss, err := fam.Sibling(from)
+	if err != nil {
+		return Entry{}, amlerr.Wrap(amlerr.InvalidConfig, from, err)
+	}
+	data, _, err := ss.ReadIndex(ctx)
+	if errors.Is(err, ErrNotExist) {
+		return Entry{}, amlerr.New(amlerr.InvalidConfig, from, "workspace %q has no revisions in %s to fork from", from, ss)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("read index of %s: %w", ss, err)
+	}
+	idx, err := ParseIndex(data)
+	if err != nil {
+		return Entry{}, fmt.Errorf("%s: %w", ss, err)
+	}
+	if rev == "" || rev == "current" {
+		rev = idx.Current
+	}
+	e, ok := idx.Find(rev)
+	if !ok {
+		return Entry{}, amlerr.New(amlerr.InvalidConfig, rev, "no such revision of %q in %s", from, ss)
+	}
+	origin := &ForkOrigin{ID: from, Revision: e.ID}
+	e.Path = ss.(Family).Foreign(e.Path)
+	if _, err := w.restore(ctx, e, dir, sel); err != nil {
+		return Entry{}, err
+	}
+	w.SetFork(origin)
+	return e, nil
+}
+
+// SetFork says that the tree is a fork of origin not saved yet (a fork
+// resumed after a crash): its first save records it.
+func (w *Workspace) SetFork(origin *ForkOrigin) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fork = origin
+}
+
+// Fork returns the origin of a fork whose first save is still to come, or
+// nil.
+func (w *Workspace) Fork() *ForkOrigin {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fork
+}
+
+// SaveFork publishes the tree at dir, w's working tree, as the first
+// revision of the new workspace newID on the same store, under newID's own
+// lease, and leaves w as it was: its base, lease and index do not change.
+// Files unchanged since w's base revision are copied from it server-side
+// (or hard-linked). base names that revision, for the fork's record.
+func (w *Workspace) SaveFork(ctx context.Context, dir string, sel Selection, newID, revID, base string) (SaveResult, error) {
+	fam, ok := w.store.(Family)
+	if !ok {
+		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, w.store.String(), "this store cannot fork")
+	}
+	if err := ValidateID(newID); err != nil {
+		return SaveResult{}, err
+	}
+	if newID == w.opts.ID {
+		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, newID, "--fork names the mounted workspace itself; a fork needs a new id")
+	}
+	ns, err := fam.Sibling(newID)
+	if err != nil {
+		return SaveResult{}, amlerr.Wrap(amlerr.InvalidConfig, newID, err)
+	}
+	opts := w.opts
+	opts.ID, opts.NoLock = newID, false
+	nw, err := Open(ctx, ns, opts)
+	if err != nil {
+		return SaveResult{}, err
+	}
+	defer func() {
+		if err := nw.Close(context.WithoutCancel(ctx)); err != nil {
+			w.log.Warn("release the fork's lease", "op", "release", "path", ns.String(), "err", err)
+		}
+	}()
+	if nw.Index() != nil {
+		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, newID, "workspace %q already exists in %s; --fork makes a new workspace", newID, ns)
+	}
+	nw.fork = &ForkOrigin{ID: w.opts.ID, Revision: base}
+	if f := w.Fork(); f != nil {
+		nw.fork = f // w is a fork not saved yet: the origin is its source's
+	}
+	return nw.save(ctx, dir, sel, revID, w)
+}
