@@ -129,6 +129,9 @@ type Status struct {
 	Phase           string `json:"phase"`
 	CurrentRevision string `json:"currentRevision"`
 	BaseRevision    string `json:"baseRevision"`
+	// ForkOf, for a fork not saved yet, names the workspace BaseRevision
+	// belongs to.
+	ForkOf *revision.ForkOrigin `json:"forkOf,omitempty"`
 	Dirty           bool   `json:"dirty"`
 	Changes         int64  `json:"changes"`
 	Lock            string `json:"lock"`
@@ -912,6 +915,7 @@ func (d *Daemon) Status() Status {
 	st.Store = d.ws.Store().String()
 	st.Dirty = d.dirtyLocked()
 	st.PendingFiles, st.PendingBytes = d.ws.Pending()
+	st.ForkOf = d.ws.Fork()
 	if st.GoneFiles = d.ws.Gone(); st.GoneFiles > 0 {
 		st.Health = fmt.Sprintf("%d lazily restored files cannot be fetched: another writer pruned the revision holding their bytes; reads give EIO and a save fails with %s until they are removed or rewritten (or remount with --discard-unsaved)", st.GoneFiles, amlerr.BaseRevisionGone)
 	}

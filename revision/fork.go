@@ -68,16 +68,16 @@ func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel 
 // SetFork says that the tree is a fork of origin not saved yet (a fork
 // resumed after a crash): its first save records it.
 func (w *Workspace) SetFork(origin *ForkOrigin) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.lmu.Lock()
+	defer w.lmu.Unlock()
 	w.fork = origin
 }
 
 // Fork returns the origin of a fork whose first save is still to come, or
 // nil.
 func (w *Workspace) Fork() *ForkOrigin {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.lmu.Lock()
+	defer w.lmu.Unlock()
 	return w.fork
 }
 
@@ -115,9 +115,10 @@ func (w *Workspace) SaveFork(ctx context.Context, dir string, sel Selection, new
 	if nw.Index() != nil {
 		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, newID, "workspace %q already exists in %s; --fork makes a new workspace", newID, ns)
 	}
-	nw.fork = &ForkOrigin{ID: w.opts.ID, Revision: base}
+	origin := &ForkOrigin{ID: w.opts.ID, Revision: base}
 	if f := w.Fork(); f != nil {
-		nw.fork = f // w is a fork not saved yet: the origin is its source's
+		origin = f // w is a fork not saved yet: the origin is its source's
 	}
+	nw.SetFork(origin)
 	return nw.save(ctx, dir, sel, revID, w)
 }

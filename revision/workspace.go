@@ -72,7 +72,7 @@ type Workspace struct {
 	// shown is the stat data the mount shows for restored files.
 	shown *Shown
 	// fork, until the first save publishes, names the revision of
-	// another workspace the tree was forked from (GUARDED_BY(mu)).
+	// another workspace the tree was forked from (GUARDED_BY(lmu)).
 	fork *ForkOrigin
 }
 
@@ -567,7 +567,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	w.index, w.version = next, ver
 	w.imu.Unlock()
 	w.expect = nil // the tree is now the new revision's
-	w.fork = nil
+	w.SetFork(nil)
 	if src == w {
 		if entry.Format == FormatFolder {
 			w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
@@ -765,11 +765,11 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		}
 	}
 	m := NewManifest(up.entries)
-	if w.fork != nil {
+	if f := w.Fork(); f != nil {
 		if m.Ext == nil {
 			m.Ext = &ManifestExt{}
 		}
-		m.Ext.Fork = w.fork
+		m.Ext.Fork = f
 	}
 	data, err := m.Marshal(w.opts.Limits)
 	if err != nil {

@@ -422,7 +422,11 @@ func statusCommand() *cli.Command {
 			}
 			w := c.App.Writer
 			fmt.Fprintf(w, "mountpoint:  %s\nworkspace:   %s\nstore:       %s\nphase:       %s\n", st.Mountpoint, st.ID, st.Store, st.Phase)
-			fmt.Fprintf(w, "current:     %s\nbase:        %s\ndirty:       %v (%d changes)\nlock:        %s\n", orNone(st.CurrentRevision), orNone(st.BaseRevision), st.Dirty, st.Changes, st.Lock)
+			base := orNone(st.BaseRevision)
+			if f := st.ForkOf; f != nil {
+				base += fmt.Sprintf(" (of workspace %q: a fork, not saved yet)", f.ID)
+			}
+			fmt.Fprintf(w, "current:     %s\nbase:        %s\ndirty:       %v (%d changes)\nlock:        %s\n", orNone(st.CurrentRevision), base, st.Dirty, st.Changes, st.Lock)
 			fmt.Fprintf(w, "save policy: %s\npassthrough: %v\nworking dir: %s\npid:         %d\n", st.SavePolicy, st.Passthrough, st.WorkDir, st.PID)
 			if st.PendingFiles > 0 {
 				fmt.Fprintf(w, "lazy:        %d files (%d bytes) not fetched yet\n", st.PendingFiles, st.PendingBytes)
