@@ -131,13 +131,13 @@ type Status struct {
 	BaseRevision    string `json:"baseRevision"`
 	// ForkOf, for a fork not saved yet, names the workspace BaseRevision
 	// belongs to.
-	ForkOf *revision.ForkOrigin `json:"forkOf,omitempty"`
-	Dirty           bool   `json:"dirty"`
-	Changes         int64  `json:"changes"`
-	Lock            string `json:"lock"`
-	Passthrough     bool   `json:"passthrough"`
-	PendingFiles    int    `json:"pendingFiles"` // lazily restored files not fetched yet
-	PendingBytes    int64  `json:"pendingBytes"`
+	ForkOf       *revision.ForkOrigin `json:"forkOf,omitempty"`
+	Dirty        bool                 `json:"dirty"`
+	Changes      int64                `json:"changes"`
+	Lock         string               `json:"lock"`
+	Passthrough  bool                 `json:"passthrough"`
+	PendingFiles int                  `json:"pendingFiles"` // lazily restored files not fetched yet
+	PendingBytes int64                `json:"pendingBytes"`
 	// GoneFiles are lazily restored files whose bytes another writer
 	// pruned before they were fetched: reads give EIO, and a save fails
 	// with BASE_REVISION_GONE until they are removed or rewritten.
