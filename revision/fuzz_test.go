@@ -45,6 +45,8 @@ func FuzzParseManifest(f *testing.F) {
 	f.Add([]byte(`{"entries":[{"mode":420,"path":"a/b.txt","size":3,"type":"file"},{"mode":493,"path":"a","size":0,"type":"directory"}],"version":1}`))
 	f.Add([]byte(`{"entries":[{"mode":420,"path":"../x","size":3,"type":"file"}],"version":1}`))
 	f.Add([]byte(`{"entries":[{"mode":420,"path":"a","size":1,"type":"file"},{"mode":420,"path":"a/b","size":1,"type":"file"}],"version":1}`))
+	f.Add([]byte(`{"entries":[{"amlfs":"1764882000.123456789 1234 1000 1000","mode":420,"path":"a","size":1,"type":"file"}],"amlfs":{"fork":{"id":"main","revision":"r1"},"symlinks":[{"amlfs":"1764882000.000000001 7 0 0","mode":511,"path":"l","size":0,"target":"a","type":"symlink"}]},"version":1}`))
+	f.Add([]byte(`{"entries":[],"amlfs":{"fork":{"id":" bad","revision":""}},"version":1}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseManifest("m", data, Limits{Entries: 1000, ExtractedBytes: 1 << 20})
 		if err != nil {
@@ -53,10 +55,13 @@ func FuzzParseManifest(f *testing.F) {
 			}
 			return
 		}
-		for _, e := range m.Entries {
-			if filepath.IsAbs(e.Path) || strings.Contains("/"+e.Path+"/", "/../") || e.Mode > 0o777 {
+		for _, e := range m.Tree() {
+			if filepath.IsAbs(e.Path) || strings.Contains("/"+e.Path+"/", "/../") || e.Mode > 0o777 || e.Stat.Ino > MaxShownIno {
 				t.Fatalf("unsafe entry accepted: %+v", e)
 			}
+		}
+		if m.Ext != nil && m.Ext.Fork != nil && ValidateID(m.Ext.Fork.ID) != nil {
+			t.Fatalf("a fork record with an id AML refuses: %+v", m.Ext.Fork)
 		}
 	})
 }
