@@ -737,26 +737,7 @@ func ReadLastStop(mountpoint string) (LastStop, bool) {
 
 // Commit checkpoints the workspace without unmounting.
 func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
-	d.mu.Lock()
-	stopping := d.stopping
-	d.mu.Unlock()
-	if stopping {
-		return SaveInfo{}, errors.New("the daemon is stopping")
-	}
-	if d.ws == nil {
-		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to commit")
-	}
-	thaw := d.fs.Freeze()
-	defer thaw()
-	d.setPhase("committing")
-	defer func() {
-		d.mu.Lock()
-		if d.phase == "committing" {
-			d.phase = "serving"
-		}
-		d.mu.Unlock()
-	}()
-	return d.save(ctx, revID)
+	return d.frozen("commit", func() (SaveInfo, error) { return d.save(ctx, revID) })
 }
 
 // CommitFork publishes the tree as the first revision of the new
@@ -764,6 +745,29 @@ func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
 // mounted workspace stays as it was: its base, its unsaved changes, its
 // lease.
 func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo, error) {
+	return d.frozen("fork", func() (SaveInfo, error) {
+		d.saveMu.Lock()
+		defer d.saveMu.Unlock()
+		d.mu.Lock()
+		base := d.baseRev
+		d.mu.Unlock()
+		res, err := d.ws.SaveFork(ctx, d.workDir, d.cfg.Selection(), newID, revID, base)
+		if err != nil {
+			d.metrics.Save("failed", 0, 0, 0)
+			return SaveInfo{}, err
+		}
+		d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
+		d.log.Info("saved the tree as a fork", "fork", newID, "revision", res.Entry.ID, "files", res.Files,
+			"uploaded", res.Uploaded, "reused", res.Reused, "seconds", res.Elapsed.Seconds())
+		info := saveInfo(res)
+		info.Fork = newID
+		return info, nil
+	})
+}
+
+// frozen runs a checkpoint (what: commit or fork) with every mutating FUSE
+// call held back and the phase "committing".
+func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, error) {
 	d.mu.Lock()
 	stopping := d.stopping
 	d.mu.Unlock()
@@ -771,7 +775,7 @@ func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo,
 		return SaveInfo{}, errors.New("the daemon is stopping")
 	}
 	if d.ws == nil {
-		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to fork")
+		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to %s", what)
 	}
 	thaw := d.fs.Freeze()
 	defer thaw()
@@ -783,22 +787,14 @@ func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo,
 		}
 		d.mu.Unlock()
 	}()
-	d.saveMu.Lock()
-	defer d.saveMu.Unlock()
-	d.mu.Lock()
-	base := d.baseRev
-	d.mu.Unlock()
-	res, err := d.ws.SaveFork(ctx, d.workDir, d.cfg.Selection(), newID, revID, base)
-	if err != nil {
-		d.metrics.Save("failed", 0, 0, 0)
-		return SaveInfo{}, err
-	}
-	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
-	d.log.Info("saved the tree as a fork", "fork", newID, "revision", res.Entry.ID, "files", res.Files,
-		"uploaded", res.Uploaded, "reused", res.Reused, "seconds", res.Elapsed.Seconds())
-	return SaveInfo{Revision: res.Entry.ID, Fork: newID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
+	return fn()
+}
+
+// saveInfo reports a published save.
+func saveInfo(res revision.SaveResult) SaveInfo {
+	return SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
 		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
-		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)]}, nil
+		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)]}
 }
 
 // save publishes the working tree unless it is unchanged since it was
@@ -861,9 +857,7 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 		return SaveInfo{}, err
 	}
 	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
-	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
-		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
-		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)]}
+	info := saveInfo(res)
 	d.mu.Lock()
 	d.baseRev, d.baseMark = res.Entry.ID, mark
 	d.lastSave = &info
