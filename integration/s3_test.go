@@ -18,7 +18,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	s3p "github.com/amlfs/amlfs/providers/s3"
 )
 
 // A real S3 server on loopback: Versity's gateway over a posix directory.
@@ -176,17 +175,14 @@ func newS3EnvAt(t *testing.T, srv *s3Server, prefix string) *env {
 	return e
 }
 
+// client is a plain S3 client of the test server, with the test's keys
+// given to it (not set in the environment: parallel tests share that).
 func (e *env) client() *s3.Client {
 	e.t.Helper()
-	for _, kv := range s3Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		e.t.Setenv(k, v)
-	}
-	c, err := s3p.NewClient(context.Background(), s3p.Options{Endpoint: e.s3.endpoint, PathStyle: true})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c
+	creds := aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+		return aws.Credentials{AccessKeyID: s3Access, SecretAccessKey: s3Secret}, nil
+	})
+	return s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(e.s3.endpoint), UsePathStyle: true, Credentials: creds})
 }
 
 // putStoreFile writes rel (relative to the store root for all ids) through
