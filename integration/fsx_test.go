@@ -228,7 +228,6 @@ func (x *fsx) run(ops int) {
 // TestFsx runs the exerciser on the workspace (passthrough and FUSE paths)
 // and on a host live mount.
 func TestFsx(t *testing.T) {
-	longTest(t)
 	ops := 100000
 	if testing.Short() {
 		ops = 10000
@@ -252,7 +251,6 @@ func TestFsx(t *testing.T) {
 // and go to the bucket on fsync and close; the bucket must hold the final
 // contents.
 func TestFsxS3(t *testing.T) {
-	longTest(t)
 	ops := 20000
 	if testing.Short() {
 		ops = 3000

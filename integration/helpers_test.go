@@ -320,10 +320,3 @@ func nonRaceBin(t *testing.T) string {
 	}
 	return nonRace.bin
 }
-
-// longTest marks one of the suite's long tests (pjdfstest, fsx, the soak):
-// they run side by side, after every other test, two at a time (go test's
-// -parallel is GOMAXPROCS). Most of their time is spent waiting on the
-// mount and on sleeps, not on the CPU, so the suite takes about the longest
-// of them instead of their sum. None of them asserts a latency.
-func longTest(t *testing.T) { t.Parallel() }

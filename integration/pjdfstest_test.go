@@ -141,9 +141,6 @@ func TestPjdfstest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("pjdfstest takes minutes")
 	}
-	// The long tests run side by side at the end of the suite (see
-	// longTest), with their own daemons.
-	longTest(t)
 	suite := pjdfstest(t)
 	// Four runs of the suite at once are CPU-bound on a small machine:
 	// the daemons are built without the race detector here.

@@ -29,7 +29,6 @@ import (
 // The daemon is built without the race detector here, so that its RSS is
 // the one users see.
 func TestSoak(t *testing.T) {
-	longTest(t)
 	dur := time.Minute
 	if s := os.Getenv("AMLFS_SOAK_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
