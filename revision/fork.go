@@ -2,8 +2,6 @@ package revision
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
@@ -31,28 +29,18 @@ func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel 
 	if w.Index() != nil {
 		return Entry{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "workspace %q already has revisions in %s; --from seeds a new workspace (choose a new --id, or mount without --from)", w.opts.ID, w.store)
 	}
-	if err := ValidateID(from); err != nil {
-		return Entry{}, err
-	}
-	ss, err := fam.Sibling(from)
+	ss, err := fam.Sibling(from) // refuses an id AML refuses
 	if err != nil {
 		return Entry{}, amlerr.Wrap(amlerr.InvalidConfig, from, err)
 	}
-	data, _, err := ss.ReadIndex(ctx)
-	if errors.Is(err, ErrNotExist) {
+	idx, _, err := readIndex(ctx, ss)
+	if err != nil {
+		return Entry{}, err
+	}
+	if idx == nil {
 		return Entry{}, amlerr.New(amlerr.InvalidConfig, from, "workspace %q has no revisions in %s to fork from", from, ss)
 	}
-	if err != nil {
-		return Entry{}, fmt.Errorf("read index of %s: %w", ss, err)
-	}
-	idx, err := ParseIndex(data)
-	if err != nil {
-		return Entry{}, fmt.Errorf("%s: %w", ss, err)
-	}
-	if rev == "" || rev == "current" {
-		rev = idx.Current
-	}
-	e, ok := idx.Find(rev)
+	e, ok := idx.Resolve(rev)
 	if !ok {
 		return Entry{}, amlerr.New(amlerr.InvalidConfig, rev, "no such revision of %q in %s", from, ss)
 	}
@@ -91,13 +79,10 @@ func (w *Workspace) SaveFork(ctx context.Context, dir string, sel Selection, new
 	if !ok {
 		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, w.store.String(), "this store cannot fork")
 	}
-	if err := ValidateID(newID); err != nil {
-		return SaveResult{}, err
-	}
 	if newID == w.opts.ID {
 		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, newID, "--fork names the mounted workspace itself; a fork needs a new id")
 	}
-	ns, err := fam.Sibling(newID)
+	ns, err := fam.Sibling(newID) // refuses an id AML refuses
 	if err != nil {
 		return SaveResult{}, amlerr.Wrap(amlerr.InvalidConfig, newID, err)
 	}

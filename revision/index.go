@@ -171,6 +171,14 @@ func (idx *Index) Find(id string) (Entry, bool) {
 	return Entry{}, false
 }
 
+// Resolve finds rev, or the current revision for "" or "current".
+func (idx *Index) Resolve(rev string) (Entry, bool) {
+	if rev == "" || rev == "current" {
+		rev = idx.Current
+	}
+	return idx.Find(rev)
+}
+
 // Marshal encodes the index as AML writes it.
 func (idx *Index) Marshal() ([]byte, error) {
 	if err := idx.Validate(); err != nil {

@@ -123,7 +123,7 @@ func splitForeign(key string) (seg, rest string, ok bool) {
 // foreign returns key of the workspace whose segment is seg as a foreign
 // key; a key that is foreign already stays as it is.
 func foreign(seg, key string) string {
-	if strings.HasPrefix(key, "../") {
+	if IsForeign(key) {
 		return key
 	}
 	return "../" + seg + "/" + key

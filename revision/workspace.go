@@ -168,19 +168,9 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 }
 
 func (w *Workspace) reload(ctx context.Context) error {
-	data, ver, err := w.store.ReadIndex(ctx)
-	if errors.Is(err, ErrNotExist) {
-		w.imu.Lock()
-		w.index, w.version = nil, ""
-		w.imu.Unlock()
-		return nil
-	}
+	idx, ver, err := readIndex(ctx, w.store)
 	if err != nil {
-		return fmt.Errorf("read index of %s: %w", w.store, err)
-	}
-	idx, err := ParseIndex(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", w.store, err)
+		return err
 	}
 	w.imu.Lock()
 	w.index, w.version = idx, ver
@@ -188,20 +178,30 @@ func (w *Workspace) reload(ctx context.Context) error {
 	return nil
 }
 
+// readIndex reads and parses s's index, with its version; nil and "" if
+// there is none yet.
+func readIndex(ctx context.Context, s Store) (*Index, string, error) {
+	data, ver, err := s.ReadIndex(ctx)
+	if errors.Is(err, ErrNotExist) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("read index of %s: %w", s, err)
+	}
+	idx, err := ParseIndex(data)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", s, err)
+	}
+	return idx, ver, nil
+}
+
 // StoreCurrent reads the index back from the store and returns the revision
 // it names current now ("" for none), without adopting it: a save stays
 // conditional on the index observed before.
 func (w *Workspace) StoreCurrent(ctx context.Context) (string, error) {
-	data, _, err := w.store.ReadIndex(ctx)
-	if errors.Is(err, ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
+	idx, _, err := readIndex(ctx, w.store)
+	if err != nil || idx == nil {
 		return "", err
-	}
-	idx, err := ParseIndex(data)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", w.store, err)
 	}
 	return idx.Current, nil
 }
@@ -228,10 +228,7 @@ func (w *Workspace) Resolve(rev string) (Entry, error) {
 	if w.index == nil {
 		return Entry{}, amlerr.New(amlerr.InvalidStore, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
 	}
-	if rev == "" || rev == "current" {
-		rev = w.index.Current
-	}
-	e, ok := w.index.Find(rev)
+	e, ok := w.index.Resolve(rev)
 	if !ok {
 		return Entry{}, amlerr.New(amlerr.InvalidStore, rev, "no such revision in %s", w.store)
 	}

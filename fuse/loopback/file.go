@@ -103,12 +103,8 @@ func (n *Node) openDir() (*dirStream, syscall.Errno) {
 		unix.Close(dfd)
 		return nil, errno
 	}
-	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
-	d := &dirStream{ds: ds.(dirFile), mix: rot(n.r.Load().b.key.dev) ^ rot(n.root.dev) ^ uint64(n.root.opts.Tag)<<48}
-	if n.r.Load().b.key.dev == n.root.dev {
-		d.shown = n.root.opts.Shown
-	}
-	return d, 0
+	dev := n.r.Load().b.key.dev
+	return &dirStream{ds: ds.(dirFile), mix: n.root.mix(dev), shown: n.root.shownOn(dev)}, 0
 }
 
 // ino is the number to show for an entry's backing number.

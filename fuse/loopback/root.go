@@ -212,12 +212,27 @@ func (r *Root) ino(st *unix.Statx_t) uint64 {
 
 // shown returns the inode number and ctime the mount shows for st.
 func (r *Root) shown(st *unix.Statx_t) (uint64, unix.StatxTimestamp) {
-	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
 	ino, ctime := st.Ino, st.Ctime
-	if r.opts.Shown != nil && devOf(st) == r.dev {
-		ino, ctime = r.opts.Shown.Show(st.Ino, genOf(st), st.Ctime)
+	if s := r.shownOn(devOf(st)); s != nil {
+		ino, ctime = s.Show(st.Ino, genOf(st), st.Ctime)
 	}
-	return ino ^ rot(devOf(st)) ^ rot(r.dev) ^ uint64(r.opts.Tag)<<48, ctime
+	return ino ^ r.mix(devOf(st)), ctime
+}
+
+// shownOn is the Shown that maps inodes of device dev: the tree's, for its
+// own filesystem only (nil for none).
+func (r *Root) shownOn(dev uint64) Shown {
+	if dev != r.dev {
+		return nil
+	}
+	return r.opts.Shown
+}
+
+// mix is what a backing inode number of device dev is XORed with: the
+// device, rotated, relative to the root's, and the tree's tag.
+func (r *Root) mix(dev uint64) uint64 {
+	rot := func(d uint64) uint64 { return d<<32 | d>>32 }
+	return rot(dev) ^ rot(r.dev) ^ uint64(r.opts.Tag)<<48
 }
 
 // acquire returns the backing record of the inode st describes, taking a
