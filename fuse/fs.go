@@ -144,6 +144,17 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f.root = &node{Node: lroot, fs: f}
 
+	server, err := serve(mountpoint, f.root, opts, nil)
+	if err != nil {
+		return nil, err
+	}
+	f.server = server
+	return f, nil
+}
+
+// serve mounts root at mountpoint with the options every amlfs FUSE mount
+// shares; tune, if set, adjusts them for one provider.
+func serve(mountpoint string, root gofs.InodeEmbedder, opts Options, tune func(*fuse.MountOptions)) (*fuse.Server, error) {
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
 		FsName: opts.FsName,
@@ -187,6 +198,9 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	if owner.set() {
 		mo.DisableReadDirPlus = true
 	}
+	if tune != nil {
+		tune(&mo)
+	}
 	gopts := &gofs.Options{
 		MountOptions:    mo,
 		EntryTimeout:    &timeout,
@@ -197,7 +211,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		NullPermissions: true,
 	}
 	// gofs.Mount, with the request timing wrapped around the node layer.
-	raw := gofs.NewNodeFS(f.root, gopts)
+	raw := gofs.NewNodeFS(root, gopts)
 	if owner.set() {
 		raw = &owned{RawFileSystem: raw, o: owner}
 	}
@@ -223,10 +237,28 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 		server.Unmount()
 		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
 	}
-	f.server = server
 	raiseReadahead(mountpoint, mo.MaxReadAhead, opts.Log)
-	return f, nil
+	return server, nil
 }
+
+// MountLive serves one live mount alone, on its own FUSE connection, at
+// mountpoint (native serving: the workspace around it is a bind mount).
+// noXattr answers ENOSYS to every xattr request, so that the kernel stops
+// asking (an S3 mount has none): two round trips fewer per file of ls -l.
+func MountLive(mountpoint string, l Live, noXattr bool, opts Options) (*FS, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	server, err := serve(mountpoint, l.Root, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
+	if err != nil {
+		return nil, err
+	}
+	return &FS{server: server, log: opts.Log, mountpoint: mountpoint}, nil
+}
+
 
 // raiseReadahead lifts the kernel's readahead for the mount to kb bytes.
 // FUSE caps it at the 128 KiB default whatever the daemon asks, so reads
@@ -259,6 +291,16 @@ func (f *FS) Freeze() (thaw func()) {
 	f.barrier.Lock()
 	return f.barrier.Unlock
 }
+
+// Touch is a no-op: every change through the mount, a tool call's too,
+// is a FUSE request that Changes counts.
+func (f *FS) Touch() {}
+
+// Sync is a no-op: FUSE sees every change as it is made.
+func (f *FS) Sync() error { return nil }
+
+// Close is a no-op: Unmount ends the FUSE session.
+func (f *FS) Close() {}
 
 // Wait blocks until the file system is unmounted.
 func (f *FS) Wait() { f.server.Wait() }

@@ -66,6 +66,9 @@ type Config struct {
 	S3      S3Options
 	// Restore is "lazy" (placeholders fetched on first use) or "full".
 	Restore string
+	// Serve is how the workspace is served: ServeNative, ServeFUSE or
+	// ServeAuto ("" is DefaultServe).
+	Serve string
 	// Prefetch is the number of background fetches after a lazy restore.
 	Prefetch int
 	// UnsafeNoConditionalWrites lets a mount lock and publish to a store
@@ -218,6 +221,12 @@ func (c *Config) Normalize() error {
 	}
 	if c.Restore != "lazy" && c.Restore != "full" {
 		return invalid(c.Restore, "--restore must be lazy or full")
+	}
+	if c.Serve == "" {
+		c.Serve = DefaultServe
+	}
+	if c.Serve != ServeNative && c.Serve != ServeFUSE && c.Serve != ServeAuto {
+		return invalid(c.Serve, "--serve must be native, fuse or auto")
 	}
 	if c.Prefetch < 0 {
 		return invalid(fmt.Sprint(c.Prefetch), "--prefetch must be 0 or more")

@@ -209,6 +209,9 @@ func (d *Daemon) serveControl() (*control, error) {
 		ctx, cancel := context.WithTimeout(r.Context(), d.cfg.ToolTimeout)
 		defer cancel()
 		out, err := tfs.Call(ctx, r.PathValue("name"), args)
+		if tools.Mutates(r.PathValue("name")) {
+			d.fs.Touch()
+		}
 		if err != nil {
 			writeToolErr(w, err)
 			return

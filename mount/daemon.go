@@ -33,12 +33,17 @@ import (
 
 // Daemon is one running mount.
 type Daemon struct {
-	cfg     Config
-	log     *slog.Logger
-	hooks   Hooks
-	slot    *os.File // flock'd claim on the working-directory slot
-	ws      *revision.Workspace
-	fs      *fuse.FS
+	cfg   Config
+	log   *slog.Logger
+	hooks Hooks
+	slot  *os.File // flock'd claim on the working-directory slot
+	ws    *revision.Workspace
+	fs    server
+	// serve is how the workspace is served, "native" or "fuse", and
+	// serveWhy why (Config.Serve and what this host can do).
+	serve, serveWhy string
+	// liveFS are the live mounts' own FUSE connections (native serving).
+	liveFS  []*fuse.FS
 	workDir string
 	state   string // the state file in the cache dir
 
@@ -67,6 +72,25 @@ type Daemon struct {
 	closers      []func() error // live mount providers, closed after unmount
 	live         []liveProvider // in the order of cfg.Live
 	prefetchDone chan struct{}
+}
+
+// server is how the working directory is served at the mountpoint: a
+// FUSE mount (fuse.FS) or a bind mount (native.Server).
+type server interface {
+	// Changes counts the changes seen so far; Touch counts one the
+	// daemon made itself through the mount (a tool call).
+	Changes() int64
+	Touch()
+	// Sync makes changes from now on count everywhere in the tree.
+	Sync() error
+	// Freeze holds changes back while a snapshot is taken, if it can.
+	Freeze() (thaw func())
+	Passthrough() bool
+	// Wait returns once the mount went away.
+	Wait()
+	Unmount(wait time.Duration, lazy bool) error
+	// Close frees what serving held, after the unmount.
+	Close()
 }
 
 // SaveInfo describes the last save.
@@ -131,13 +155,17 @@ type Status struct {
 	BaseRevision    string `json:"baseRevision"`
 	// ForkOf, for a fork not saved yet, names the workspace BaseRevision
 	// belongs to.
-	ForkOf       *revision.ForkOrigin `json:"forkOf,omitempty"`
-	Dirty        bool                 `json:"dirty"`
-	Changes      int64                `json:"changes"`
-	Lock         string               `json:"lock"`
-	Passthrough  bool                 `json:"passthrough"`
-	PendingFiles int                  `json:"pendingFiles"` // lazily restored files not fetched yet
-	PendingBytes int64                `json:"pendingBytes"`
+	ForkOf      *revision.ForkOrigin `json:"forkOf,omitempty"`
+	Dirty       bool                 `json:"dirty"`
+	Changes     int64                `json:"changes"`
+	Lock        string               `json:"lock"`
+	Passthrough bool                 `json:"passthrough"`
+	// Serve is how the workspace is served ("native" or "fuse"), and
+	// ServeWhy why.
+	Serve        string `json:"serve"`
+	ServeWhy     string `json:"serveWhy"`
+	PendingFiles int    `json:"pendingFiles"` // lazily restored files not fetched yet
+	PendingBytes int64  `json:"pendingBytes"`
 	// GoneFiles are lazily restored files whose bytes another writer
 	// pruned before they were fetched: reads give EIO, and a save fails
 	// with BASE_REVISION_GONE until they are removed or rewritten.
@@ -328,10 +356,18 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
-		Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.ws.Shown(),
-	})
+	if err := d.chooseServe(); err != nil {
+		return err
+	}
+	var fsys server
+	if d.serve == ServeNative {
+		fsys, err = d.mountNative(ctx, live, wlog)
+	} else {
+		fsys, err = fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+			Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
+			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.ws.Shown(),
+		})
+	}
 	if err != nil {
 		return err
 	}
@@ -342,7 +378,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.phase = "serving"
 	d.mu.Unlock()
-	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "serve", d.serve, "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
 	return nil
 }
 
@@ -366,6 +402,7 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 	}
 	d.workDir = dir
 	d.baseMark = 0
+	d.serve, d.serveWhy = ServeFUSE, "--store none: the root is a read-only list of the live mounts"
 	syscall.Umask(0)
 	live, err := d.openLive(ctx)
 	if err != nil {
@@ -634,6 +671,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	<-d.prefetchDone
 	d.setPhase("unmounting")
 	var res StopResult
+	d.unmountLive()
 	if unmount {
 		if err := d.fs.Unmount(3*time.Second, true); err != nil {
 			d.log.Error("unmount", "provider", "daemon", "op", "unmount", "path", d.cfg.Mountpoint, "err", err)
@@ -667,6 +705,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		}
 	}
 	d.setPhase("releasing")
+	d.fs.Close()
 	for _, c := range d.closers {
 		c()
 	}
@@ -802,6 +841,9 @@ func saveInfo(res revision.SaveResult) SaveInfo {
 func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.saveMu.Lock()
 	defer d.saveMu.Unlock()
+	if err := d.fs.Sync(); err != nil {
+		d.log.Warn("mark the tree's new directories", "provider", "workspace", "op", "sync", "path", d.workDir, "err", err)
+	}
 	mark := d.fs.Changes()
 	d.mu.Lock()
 	baseRev, baseMark := d.baseRev, d.baseMark
@@ -888,7 +930,7 @@ func (d *Daemon) Status() Status {
 		Metrics: snap,
 		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
-		Passthrough: d.fs.Passthrough(), SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
+		Passthrough: d.fs.Passthrough(), Serve: d.serve, ServeWhy: d.serveWhy, SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
 		Lock: "none", Health: "ok",
 	}
 	for i, p := range d.live {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -47,7 +46,7 @@ func WriteArchive(w io.Writer, dir string, entries []TreeEntry, lim Limits) (int
 				return cw.n, nil, err
 			}
 		case TypeFile:
-			stp, gone, err := writeTarFile(tw, hdr, filepath.Join(dir, filepath.FromSlash(e.Path)), &sp)
+			stp, gone, err := writeTarFile(tw, hdr, dir, e.Path, &sp)
 			if err != nil {
 				return cw.n, nil, err
 			}
@@ -95,8 +94,8 @@ func (s *spool) close() {
 	}
 }
 
-func writeTarFile(tw *tar.Writer, hdr *tar.Header, src string, sp *spool) (stamp, bool, error) {
-	f, gone, err := openSaved(src)
+func writeTarFile(tw *tar.Writer, hdr *tar.Header, root, rel string, sp *spool) (stamp, bool, error) {
+	f, gone, err := openSaved(root, rel)
 	if err != nil || gone {
 		return stamp{}, gone, err
 	}

@@ -279,11 +279,17 @@ func (w *Workspace) Ensure(ctx context.Context, rel string) error {
 }
 
 func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path string) error {
+	return w.fetchWith(ctx, l, ino, path, func(ctx context.Context, pf pendingFile) error { return w.fill(ctx, l, pf, ino, path) })
+}
+
+// fetchWith is fetch with the fill to run: into a file named path, or
+// into a descriptor already open (FillFile).
+func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, path string, fill func(context.Context, pendingFile) error) error {
 	var pf pendingFile
 	return shareCall(ctx, &l.mu, l.inflight, ino,
 		func() (ok bool) { pf, ok = l.pending[ino]; return ok },
 		func(ctx context.Context) error {
-			err := w.fill(ctx, pf, ino, path)
+			err := fill(ctx, pf)
 			if err != nil {
 				l.mu.Lock()
 				_, logged := l.gone[ino]
@@ -305,6 +311,41 @@ func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path st
 			}
 		})
 }
+
+// FillFile gives the placeholder open as f its bytes, in place, through f
+// itself (native serving: f is a pre-content event's descriptor, whose
+// writes raise no further event). It returns nil at once if f is not a
+// pending placeholder of this tree.
+func (w *Workspace) FillFile(ctx context.Context, f *os.File) error {
+	l := w.lazyState()
+	if l == nil {
+		return nil
+	}
+	var st, dir syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if err := syscall.Stat(l.dir, &dir); err != nil || st.Dev != dir.Dev {
+		return err
+	}
+	name := f.Name()
+	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); err == nil {
+		name = p
+	}
+	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error { return w.fillFile(ctx, pf, st.Ino, f) })
+}
+
+// OnFilled registers fn, called with each placeholder whose bytes were
+// just written, while it is open.
+func (w *Workspace) OnFilled(fn func(f *os.File)) {
+	w.lmu.Lock()
+	w.onFilled = fn
+	w.lmu.Unlock()
+}
+
+// PopulateAll makes every directory's entries present (native serving has
+// no lookup to make them on demand).
+func (w *Workspace) PopulateAll(ctx context.Context) error { return w.populateAll(ctx) }
 
 // shareCall runs work for ino once for all concurrent callers: a caller
 // that finds a run in flight waits for its result instead. Under mu, todo
@@ -340,9 +381,32 @@ func shareCall(ctx context.Context, mu *sync.Mutex, calls map[uint64]*fetchCall,
 	return c.err
 }
 
-// fill writes a placeholder's bytes in place, checks their count, makes
+// fill writes a placeholder's bytes in place, opening it below the
+// working directory with no symlink followed (a user of a natively served
+// tree can swap any directory for one).
+func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino uint64, path string) error {
+	rel, err := relTo(l.dir, path)
+	if err != nil {
+		return err
+	}
+	f, err := openBeneath(l.dir, rel, os.O_WRONLY)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return w.fillFile(ctx, pf, ino, f)
+}
+
+// fillFile writes a placeholder's bytes into f, checks their count, makes
 // them durable, then clears the marker.
-func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path string) error {
+func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File) error {
+	var before syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &before); err != nil {
+		return err
+	}
+	if before.Ino != ino || before.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", f.Name(), before.Ino, ino)
+	}
 	r, err := w.store.Open(ctx, pf.key)
 	if errors.Is(err, ErrNotExist) {
 		rev, _, _ := strings.Cut(pf.key, "files/")
@@ -352,19 +416,7 @@ func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path s
 		return err
 	}
 	defer r.Close()
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	var before syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &before); err != nil {
-		return err
-	}
-	if before.Ino != ino {
-		return fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", path, before.Ino, ino)
-	}
-	n, err := io.Copy(f, io.LimitReader(r, pf.size+1))
+	n, err := io.Copy(io.NewOffsetWriter(f, 0), io.LimitReader(r, pf.size+1))
 	if err != nil {
 		return err
 	}
@@ -384,13 +436,17 @@ func (w *Workspace) fill(ctx context.Context, pf pendingFile, ino uint64, path s
 	}
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
-	if after, ok := statStamp(path); ok {
+	if after, err := fstamp(f); err == nil {
 		if b := w.baseTree(); b != nil {
 			b.refresh(pf.origPath, ino, after)
 		}
-		if after.ino == ino {
-			w.shown.filled(ino, after.ctime.Nano())
-		}
+		w.shown.filled(ino, after.ctime.Nano())
+	}
+	w.lmu.Lock()
+	fn := w.onFilled
+	w.lmu.Unlock()
+	if fn != nil {
+		fn(f)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/bmatcuk/doublestar/v4"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
@@ -98,7 +100,12 @@ func (s Selection) Filter(es []TreeEntry) []TreeEntry {
 // need; a path over 4,095 bytes; a symlink target that is not UTF-8) is an
 // UNSUPPORTED_ENTRY error listing every such path.
 func Snapshot(dir string, s Selection) (entries []TreeEntry, skipped []string, err error) {
-	w := walker{root: dir, sel: s}
+	rfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(rfd)
+	w := walker{root: dir, rfd: rfd, sel: s}
 	if _, err := w.walk("", nil, false); err != nil {
 		return nil, nil, err
 	}
@@ -127,6 +134,7 @@ func SpecialFilesError(paths []string) error {
 
 type walker struct {
 	root    string
+	rfd     int // root, O_PATH: every path is opened beneath it
 	sel     Selection
 	out     []TreeEntry
 	skipped []string // special files
@@ -135,20 +143,25 @@ type walker struct {
 
 // walk visits the directory rel; it reports whether it selected anything.
 func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (bool, error) {
-	abs := filepath.Join(w.root, filepath.FromSlash(rel))
+	d, err := openAt(w.rfd, w.root, rel, os.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return false, err
+	}
+	defer d.Close()
+	dfd := int(d.Fd())
 	var domain []string
 	if rel != "" {
 		domain = strings.Split(rel, "/")
 	}
 	if !w.sel.NoGitignore && !ignored {
-		ps, err := readGitignore(filepath.Join(abs, ".gitignore"), domain)
+		ps, err := readGitignore(dfd, d.Name(), domain)
 		if err != nil {
 			return false, err
 		}
 		patterns = append(patterns[:len(patterns):len(patterns)], ps...)
 	}
 	matcher := gitignore.NewMatcher(patterns)
-	ents, err := os.ReadDir(abs)
+	ents, err := d.ReadDir(-1)
 	if err != nil {
 		return false, err
 	}
@@ -175,7 +188,10 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 				return false, err
 			}
 			if selected || sub {
-				fi, err := de.Info()
+				fi, err := lstatAt(dfd, de.Name())
+				if errors.Is(err, fs.ErrNotExist) {
+					continue // removed since the listing
+				}
 				if err != nil {
 					return false, err
 				}
@@ -193,7 +209,7 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		if !selected {
 			continue
 		}
-		fi, err := de.Info()
+		fi, err := lstatAt(dfd, de.Name())
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed since the listing
 		}
@@ -209,7 +225,7 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		case fi.Mode().IsRegular():
 			e.Type, e.Size = TypeFile, fi.Size()
 		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := os.Readlink(filepath.Join(abs, de.Name()))
+			target, err := readlinkAt(dfd, de.Name())
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
@@ -265,17 +281,28 @@ func (s Selection) hidden(p string) bool {
 	return false
 }
 
-func readGitignore(file string, domain []string) ([]gitignore.Pattern, error) {
-	f, err := os.Open(file)
-	if os.IsNotExist(err) {
-		return nil, nil
+// maxGitignore bounds the bytes of one .gitignore read: patterns past it
+// are not applied.
+const maxGitignore = 4 << 20
+
+// readGitignore reads the .gitignore of the open directory dirfd (named
+// dir), never following a symlink and never blocking on a fifo.
+func readGitignore(dirfd int, dir string, domain []string) ([]gitignore.Pattern, error) {
+	fd, err := unix.Openat(dirfd, ".gitignore", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT || err == unix.ELOOP {
+		return nil, nil // none, or a symlink: a save reads no file through one
 	}
+	file := filepath.Join(dir, ".gitignore")
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", file, err)
 	}
+	f := os.NewFile(uintptr(fd), file)
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, nil
+	}
 	var ps []gitignore.Pattern
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(io.LimitReader(f, maxGitignore))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := strings.TrimRight(sc.Text(), "\r")

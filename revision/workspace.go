@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -64,6 +63,8 @@ type Workspace struct {
 	lmu     sync.Mutex // guards base and lazy; never held across I/O
 	base    *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
 	lazy    *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
+	// onFilled is told of each placeholder just filled (GUARDED_BY(lmu)).
+	onFilled func(f *os.File)
 	version string     // GUARDED_BY(mu, imu); the index version observed
 	lease   Lease
 	// expect, once set, is the revision the tree was restored from: a
@@ -668,7 +669,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		key, stp, ok := base.reusable(dir, te.Path)
 		key = baseKey(key)
 		if ok && stp.size == uint64(te.Size) {
-			f, isGone, err := openSaved(filepath.Join(dir, filepath.FromSlash(te.Path)))
+			f, isGone, err := openSaved(dir, te.Path)
 			if err != nil {
 				return up, err
 			}
@@ -709,7 +710,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		if err := src.Ensure(ctx, te.Path); err != nil {
 			return up, err
 		}
-		f, isGone, err := openSaved(filepath.Join(dir, filepath.FromSlash(te.Path)))
+		f, isGone, err := openSaved(dir, te.Path)
 		if err != nil {
 			return up, err
 		}

@@ -273,6 +273,15 @@ var Tools = []Tool{
 			"max_results": prop("integer", "most matching lines to return (default 100)")})},
 }
 
+// Mutates reports whether tool name may change the tree.
+func Mutates(name string) bool {
+	switch name {
+	case "write_file", "edit_file", "delete", "mkdir":
+		return true
+	}
+	return false
+}
+
 // Call runs tool name with its JSON arguments.
 func (t *FS) Call(ctx context.Context, name string, args json.RawMessage) (any, error) {
 	switch name {

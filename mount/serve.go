@@ -1,0 +1,140 @@
+package mount
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/native"
+	"github.com/amlfs/amlfs/revision"
+	"golang.org/x/sys/unix"
+)
+
+// How the workspace is served (--serve).
+const (
+	// ServeNative bind-mounts the working directory: the sandbox's system
+	// calls never reach the daemon (package native).
+	ServeNative = "native"
+	// ServeFUSE serves the working directory through FUSE.
+	ServeFUSE = "fuse"
+	// ServeAuto is native where it can run, else FUSE.
+	ServeAuto = "auto"
+)
+
+// DefaultServe is --serve's default. It stays fuse until every
+// integration test runs in both modes.
+const DefaultServe = ServeFUSE
+
+// nativeBlocker says what in cfg native serving cannot honour, or "".
+func nativeBlocker(cfg *Config) string {
+	if !cfg.Access.AllowOther || !cfg.Access.DefaultPermissions {
+		return "a bind mount is reached by every local user by the files' owners and modes (allow_other,default_permissions); -o asks for other access"
+	}
+	for _, o := range cfg.fuseOptions {
+		switch o {
+		case "allow_other", "default_permissions", "ro", "rw":
+		default:
+			return fmt.Sprintf("-o %s is a FUSE option", o)
+		}
+	}
+	return ""
+}
+
+// chooseServe settles d.serve from --serve and what this host can do. A
+// refused --serve native is an error; auto falls back with one log line.
+func (d *Daemon) chooseServe() error {
+	cfg := &d.cfg
+	if cfg.Serve == ServeFUSE {
+		d.serve, d.serveWhy = ServeFUSE, "--serve fuse"
+		return nil
+	}
+	why := nativeBlocker(cfg)
+	if why == "" {
+		var ok bool
+		ok, why = native.Supported(filepath.Join(cfg.CacheDir, ".probe"))
+		if ok {
+			why = ""
+		}
+	}
+	switch {
+	case why == "":
+		d.serve, d.serveWhy = ServeNative, "--serve "+cfg.Serve+": a bind mount, with lazy restore by fanotify pre-content events"
+	case cfg.Serve == ServeNative:
+		return amlerr.New(amlerr.InvalidConfig, cfg.Mountpoint, "--serve native cannot run here: %s", why)
+	default:
+		d.serve, d.serveWhy = ServeFUSE, "--serve auto: native serving cannot run here: "+why
+		d.log.Info("serving through FUSE: native serving cannot run here", "why", why)
+	}
+	return nil
+}
+
+// ServeOptions reports what --serve would choose for cfg on this host,
+// for `amlfs check`.
+func ServeOptions(cfg Config) (mode, why string) {
+	if err := cfg.Normalize(); err != nil {
+		return ServeFUSE, err.Error()
+	}
+	d := &Daemon{cfg: cfg, log: slog.New(slog.DiscardHandler)}
+	if err := d.chooseServe(); err != nil {
+		return "", err.Error()
+	}
+	return d.serve, d.serveWhy
+}
+
+// mountNative populates every directory of a lazy tree (no lookup makes
+// them on demand), bind-mounts the working directory, and mounts each live
+// mount on its own FUSE connection inside it.
+func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Logger) (server, error) {
+	cfg := &d.cfg
+	start := time.Now()
+	if err := d.ws.PopulateAll(ctx); err != nil {
+		return nil, err
+	}
+	for _, l := range live {
+		if err := os.MkdirAll(filepath.Join(d.workDir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// How a client with nothing but the mountpoint finds the daemon, as
+	// the FUSE root's virtual xattr tells it.
+	if err := unix.Setxattr(d.workDir, fuse.ControlXattr, []byte(SocketPath(cfg.Mountpoint)), 0); err != nil {
+		log.Debug("name the control socket on the root", "err", err)
+	}
+	srv, err := native.Mount(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, Pending: revision.PendingXattr,
+		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("serving natively", "placeholders", srv.Pending(), "seconds", time.Since(start).Seconds())
+	for i, l := range live {
+		m := cfg.Live[i]
+		mp := filepath.Join(cfg.Mountpoint, filepath.FromSlash(l.Rel))
+		fs, err := fuse.MountLive(mp, l, m.Kind == "s3", fuse.Options{FsName: "amlfs:" + cfg.ID + ":" + m.Prefix, MountOptions: cfg.fuseOptions,
+			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log.With("provider", m.Kind, "mount", m.Prefix), Ops: d.metrics})
+		if err != nil {
+			d.unmountLive()
+			srv.Unmount(time.Second, true)
+			srv.Close()
+			return nil, fmt.Errorf("live mount %s: %w", m.Prefix, err)
+		}
+		d.liveFS = append(d.liveFS, fs)
+	}
+	return srv, nil
+}
+
+// unmountLive unmounts the live mounts' own FUSE connections, innermost
+// first.
+func (d *Daemon) unmountLive() {
+	for i := len(d.liveFS) - 1; i >= 0; i-- {
+		if err := d.liveFS[i].Unmount(3*time.Second, true); err != nil {
+			d.log.Error("unmount a live mount", "provider", "daemon", "op", "unmount", "err", err)
+		}
+	}
+	d.liveFS = nil
+}

@@ -1,0 +1,519 @@
+// Package native serves a working directory to the sandbox without FUSE:
+// the mountpoint is a bind mount of the directory, so every system call
+// the sandbox makes there is the disk's own, at the disk's speed.
+//
+// What the daemon still has to see, it sees through fanotify:
+//   - Lazy restore: every placeholder (a sparse file whose bytes are still
+//     in the store) carries an inode mark for FAN_PRE_ACCESS in a
+//     FAN_CLASS_PRE_CONTENT group (Linux 6.14 and later). The kernel
+//     blocks the first read, write, truncate or mmap of it until the
+//     daemon has written the bytes in place through the event's own
+//     descriptor, or answers EIO. The mark is removed once the file holds
+//     its bytes, so a fetched file costs nothing afterwards.
+//   - Changes: every directory carries an inode mark in a notification
+//     group for the changes of its entries (FAN_REPORT_FID), which only
+//     count, so the daemon knows whether the tree changed since a save.
+//
+// An external umount is noticed through /proc/self/mountinfo, which
+// signals every change of the mount table with POLLPRI.
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Content fills placeholders.
+type Content interface {
+	// FillFile writes the bytes of the placeholder open as f in place;
+	// it returns nil at once if f is not a placeholder (any more).
+	FillFile(ctx context.Context, f *os.File) error
+	// OnFilled registers fn, called with every placeholder whose bytes
+	// were just written by any means (a prefetch, a save), while it is
+	// still open.
+	OnFilled(fn func(f *os.File))
+}
+
+// Options configure a native mount.
+type Options struct {
+	// Dir is the working directory; Mountpoint gets a bind mount of it.
+	Dir, Mountpoint string
+	// Pending is the extended attribute that marks a placeholder.
+	Pending string
+	// Content fills placeholders; nil if the tree has none.
+	Content Content
+	// ReadOnly mounts read-only.
+	ReadOnly bool
+	Log      *slog.Logger
+}
+
+// Server is a mounted working directory.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	hsm     int // FAN_CLASS_PRE_CONTENT group: placeholders
+	notify  int // notification group: changes
+	changes atomic.Int64
+	mntID   uint64 // the bind mount's id
+	stop    [2]int // a pipe: closing stop[1] ends the loops
+	wg      sync.WaitGroup
+	gone    chan struct{} // closed when the mount went away
+	once    sync.Once
+	ctx     context.Context
+	cancel  context.CancelFunc
+	marked  atomic.Int64 // placeholders still marked
+	self    int32
+}
+
+// MinKernel is the first Linux with fanotify pre-content events.
+var MinKernel = [2]int{6, 14}
+
+// Supported says whether native serving can run here for a working
+// directory in dir, and if not, why.
+func Supported(dir string) (bool, string) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return false, "uname: " + err.Error()
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var maj, min int
+	fmt.Sscanf(rel, "%d.%d", &maj, &min)
+	if maj < MinKernel[0] || (maj == MinKernel[0] && min < MinKernel[1]) {
+		return false, fmt.Sprintf("Linux %s has no fanotify pre-content events (%d.%d and later have)", rel, MinKernel[0], MinKernel[1])
+	}
+	if os.Geteuid() != 0 {
+		return false, "a bind mount and fanotify pre-content events need root (CAP_SYS_ADMIN)"
+	}
+	fd, err := unix.FanotifyInit(unix.FAN_CLASS_PRE_CONTENT|unix.FAN_CLOEXEC, unix.O_RDONLY)
+	if err != nil {
+		return false, "fanotify_init(FAN_CLASS_PRE_CONTENT): " + err.Error() + " (a container without CAP_SYS_ADMIN, or a kernel built without CONFIG_FANOTIFY_ACCESS_PERMISSIONS)"
+	}
+	defer unix.Close(fd)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, err.Error()
+	}
+	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, unix.AT_FDCWD, dir); err != nil {
+		var st unix.Statfs_t
+		unix.Statfs(dir, &st)
+		return false, fmt.Sprintf("the cache disk's file system (magic %#x) refuses pre-content marks: %v", st.Type, err)
+	}
+	return true, ""
+}
+
+// Mount marks the tree's placeholders and directories, then bind-mounts
+// opts.Dir at opts.Mountpoint.
+func Mount(opts Options) (*Server, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{opts: opts, log: opts.Log, hsm: -1, notify: -1, stop: [2]int{-1, -1}, gone: make(chan struct{}), self: int32(os.Getpid())}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeFDs()
+		}
+	}()
+	var err error
+	if s.hsm, err = unix.FanotifyInit(unix.FAN_CLASS_PRE_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS,
+		unix.O_RDWR|unix.O_LARGEFILE|unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("fanotify_init(FAN_CLASS_PRE_CONTENT): %w", err)
+	}
+	if s.notify, err = unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS|unix.FAN_REPORT_FID,
+		unix.O_RDONLY|unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("fanotify_init(FAN_REPORT_FID): %w", err)
+	}
+	if err := unix.Pipe2(s.stop[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, err
+	}
+	if opts.Content != nil {
+		opts.Content.OnFilled(s.unmark)
+	}
+	start := time.Now()
+	dirs, files, err := s.markTree()
+	if err != nil {
+		return nil, err
+	}
+	s.log.Debug("marked the tree", "dirs", dirs, "placeholders", files, "seconds", time.Since(start).Seconds())
+	if err := s.bind(); err != nil {
+		return nil, err
+	}
+	ok = true
+	s.wg.Add(3)
+	go s.serveHSM()
+	go s.serveNotify()
+	go s.watchMounts()
+	return s, nil
+}
+
+// dirMask is what a directory's mark counts as a change.
+const dirMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
+	unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF | unix.FAN_ONDIR | unix.FAN_EVENT_ON_CHILD
+
+// markTree marks every directory for changes and every placeholder for
+// pre-content events, opening each below the root with no symlink
+// followed.
+func (s *Server) markTree() (dirs, files int, err error) {
+	root, err := unix.Open(s.opts.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, 0, &os.PathError{Op: "open", Path: s.opts.Dir, Err: err}
+	}
+	return s.markDir(root, s.opts.Dir)
+}
+
+// markDir marks the directory open as fd (and closes it) and what is
+// below it.
+func (s *Server) markDir(fd int, name string) (dirs, files int, err error) {
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	if err := unix.FanotifyMark(s.notify, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, dirMask, fd, ""); err != nil {
+		return 0, 0, fmt.Errorf("mark %s: %w", name, err)
+	}
+	dirs = 1
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range ents {
+		switch {
+		case e.IsDir():
+			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+			if err != nil {
+				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+					continue
+				}
+				return 0, 0, &os.PathError{Op: "open", Path: filepath.Join(name, e.Name()), Err: err}
+			}
+			d, f, err := s.markDir(cfd, filepath.Join(name, e.Name()))
+			if err != nil {
+				return 0, 0, err
+			}
+			dirs, files = dirs+d, files+f
+		case e.Type().IsRegular() && s.opts.Content != nil:
+			// Not O_PATH: fanotify_mark takes no O_PATH descriptor.
+			// Opening reads nothing, so it raises no event.
+			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+			if err != nil {
+				continue
+			}
+			marked, err := s.markPlaceholder(cfd)
+			unix.Close(cfd)
+			if err != nil {
+				return 0, 0, fmt.Errorf("mark %s: %w", filepath.Join(name, e.Name()), err)
+			}
+			if marked {
+				files++
+			}
+		}
+	}
+	return dirs, files, nil
+}
+
+// markPlaceholder marks the file open as fd if it is a placeholder.
+func (s *Server) markPlaceholder(fd int) (bool, error) {
+	if _, err := unix.Fgetxattr(fd, s.opts.Pending, nil); err != nil {
+		return false, nil
+	}
+	if err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, fd, ""); err != nil {
+		return false, err
+	}
+	s.marked.Add(1)
+	return true, nil
+}
+
+// unmark drops the pre-content mark of a file that now holds its bytes.
+func (s *Server) unmark(f *os.File) {
+	if err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_REMOVE|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, int(f.Fd()), ""); err == nil {
+		s.marked.Add(-1)
+	}
+}
+
+// bind bind-mounts the directory at the mountpoint, private (so that the
+// live mounts mounted inside it never propagate back to the working
+// directory), nosuid and nodev as a FUSE mount is.
+func (s *Server) bind() error {
+	mp := s.opts.Mountpoint
+	if err := unix.Mount(s.opts.Dir, mp, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount %s at %s: %w", s.opts.Dir, mp, err)
+	}
+	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND | unix.MS_NOSUID | unix.MS_NODEV)
+	if s.opts.ReadOnly {
+		flags |= unix.MS_RDONLY
+	}
+	err := unix.Mount("", mp, "", flags, "")
+	if err == nil {
+		err = unix.Mount("", mp, "", unix.MS_PRIVATE, "")
+	}
+	if err == nil {
+		s.mntID, err = mountID(mp)
+	}
+	if err != nil {
+		unix.Unmount(mp, unix.MNT_DETACH)
+		return fmt.Errorf("set up the bind mount at %s: %w", mp, err)
+	}
+	return nil
+}
+
+func mountID(p string) (uint64, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {
+		return 0, err
+	}
+	return st.Mnt_id, nil
+}
+
+// waitReadable polls fd and the stop pipe; false once stopped.
+func (s *Server) waitReadable(fd int, events int16) (int16, bool) {
+	for {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(s.stop[0]), Events: unix.POLLIN}}
+		_, err := unix.Poll(pfd, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pfd[1].Revents != 0 {
+			return 0, false
+		}
+		return pfd[0].Revents, true
+	}
+}
+
+const metaLen = int(unsafe.Sizeof(unix.FanotifyEventMetadata{}))
+
+// serveHSM answers pre-content events: a placeholder's first access waits
+// here until its bytes are written.
+func (s *Server) serveHSM() {
+	defer s.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, ok := s.waitReadable(s.hsm, unix.POLLIN); !ok {
+			return
+		}
+		n, err := unix.Read(s.hsm, buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			s.log.Error("read fanotify events", "op", "fanotify", "path", s.opts.Mountpoint, "err", err)
+			return
+		}
+		for off := 0; off+metaLen <= n; {
+			m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
+			off += int(m.Event_len)
+			if m.Event_len < uint32(metaLen) {
+				break
+			}
+			if m.Fd < 0 {
+				continue
+			}
+			if m.Pid == s.self {
+				// The daemon's own access (a prefetch writing the
+				// bytes): it needs no bytes first.
+				s.respond(m.Fd, unix.FAN_ALLOW)
+				unix.Close(int(m.Fd))
+				continue
+			}
+			s.wg.Add(1)
+			go s.fill(m.Fd)
+		}
+	}
+}
+
+// fill fetches the bytes of the placeholder open as fd and answers.
+func (s *Server) fill(fd int32) {
+	defer s.wg.Done()
+	f := os.NewFile(uintptr(fd), "placeholder")
+	resp := uint32(unix.FAN_ALLOW)
+	if err := s.opts.Content.FillFile(s.ctx, f); err != nil {
+		// FAN_DENY with EIO: the reader gets EIO, never zeros.
+		resp = unix.FAN_DENY | uint32(unix.EIO)<<unix.FAN_ERRNO_SHIFT
+	} else {
+		s.unmark(f)
+	}
+	s.respond(fd, resp)
+	f.Close()
+}
+
+func (s *Server) respond(fd int32, resp uint32) {
+	r := unix.FanotifyResponse{Fd: fd, Response: resp}
+	if _, err := unix.Write(s.hsm, (*[unsafe.Sizeof(r)]byte)(unsafe.Pointer(&r))[:]); err != nil {
+		s.log.Error("answer a fanotify event", "op", "fanotify", "path", s.opts.Mountpoint, "err", err)
+	}
+}
+
+// serveNotify counts the tree's changes. New directories get their mark
+// by the next Sync; a change in one made before that is a change anyway,
+// since making the directory was.
+func (s *Server) serveNotify() {
+	defer s.wg.Done()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, ok := s.waitReadable(s.notify, unix.POLLIN); !ok {
+			return
+		}
+		n, err := unix.Read(s.notify, buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			s.log.Error("read fanotify events", "op", "fanotify", "path", s.opts.Mountpoint, "err", err)
+			return
+		}
+		counted := false
+		for off := 0; off+metaLen <= n; {
+			m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
+			off += int(m.Event_len)
+			if m.Event_len < uint32(metaLen) {
+				break
+			}
+			if m.Fd >= 0 {
+				unix.Close(int(m.Fd))
+			}
+			if m.Pid == s.self && m.Mask&unix.FAN_Q_OVERFLOW == 0 {
+				continue // the daemon's own: a fetch, a lease
+			}
+			if !counted {
+				s.changes.Add(1)
+				counted = true
+			}
+		}
+	}
+}
+
+// watchMounts notices the mount going away (an external umount).
+func (s *Server) watchMounts() {
+	defer s.wg.Done()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		s.log.Error("watch the mount table", "op", "mountinfo", "path", s.opts.Mountpoint, "err", err)
+		return
+	}
+	defer f.Close()
+	for {
+		if !s.mounted() {
+			s.once.Do(func() { close(s.gone) })
+			return
+		}
+		if _, ok := s.waitReadable(int(f.Fd()), unix.POLLPRI); !ok {
+			return
+		}
+		// Reading to the end re-arms the POLLPRI signal.
+		f.Seek(0, 0)
+		for b := make([]byte, 64<<10); ; {
+			if n, _ := f.Read(b); n == 0 {
+				break
+			}
+		}
+	}
+}
+
+// mounted reports whether the bind mount is still at the mountpoint.
+func (s *Server) mounted() bool {
+	id, err := mountID(s.opts.Mountpoint)
+	return err == nil && id == s.mntID
+}
+
+// Changes returns the number of changes seen so far (a batch of events
+// read at once counts once).
+func (s *Server) Changes() int64 { return s.changes.Load() }
+
+// Touch counts a change the daemon made itself through the mount (a tool
+// call), which the change marks leave out as the daemon's own.
+func (s *Server) Touch() { s.changes.Add(1) }
+
+// Sync marks the directories made since the last Sync, so that changes in
+// them count. The daemon calls it before it takes a save's mark.
+func (s *Server) Sync() error {
+	_, _, err := s.markDirsOnly()
+	return err
+}
+
+func (s *Server) markDirsOnly() (int, int, error) {
+	saved := s.opts.Content
+	s.opts.Content = nil
+	defer func() { s.opts.Content = saved }()
+	return s.markTree()
+}
+
+// Pending is the number of placeholders still marked.
+func (s *Server) Pending() int64 { return s.marked.Load() }
+
+// Freeze cannot hold the sandbox's writes back: they never reach the
+// daemon. A save reads each file consistently (readStable), but the tree
+// is not frozen as a whole.
+func (s *Server) Freeze() (thaw func()) { return func() {} }
+
+// Passthrough is false: there is nothing to pass through.
+func (s *Server) Passthrough() bool { return false }
+
+// Wait blocks until the mount went away.
+func (s *Server) Wait() { <-s.gone }
+
+// Unmount unmounts, retrying while the mount is busy for up to wait; then,
+// if lazy, detaches it. The loops stop and pending events are answered.
+func (s *Server) Unmount(wait time.Duration, lazy bool) error {
+	defer s.shutdown()
+	mp := s.opts.Mountpoint
+	if !s.mounted() {
+		return nil
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		err := unix.Unmount(mp, 0)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return &os.PathError{Op: "umount", Path: mp, Err: err}
+		}
+		if time.Now().After(deadline) {
+			if !lazy {
+				return &os.PathError{Op: "umount", Path: mp, Err: err}
+			}
+			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+				return &os.PathError{Op: "umount", Path: mp, Err: err}
+			}
+			s.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", mp)
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// shutdown stops the loops; the groups stay open until Close, so a file a
+// process still holds open after a lazy detach keeps its marks.
+func (s *Server) shutdown() {
+	s.once.Do(func() { close(s.gone) })
+}
+
+// Close ends the event loops and closes the groups. Placeholders still
+// marked then read as zeros through descriptors still open after a lazy
+// detach: Close comes after the save, which fetched nothing it did not
+// need, so the daemon closes only as it exits.
+func (s *Server) Close() {
+	s.cancel()
+	if s.stop[1] >= 0 {
+		unix.Close(s.stop[1])
+		s.stop[1] = -1
+	}
+	s.wg.Wait()
+	s.closeFDs()
+}
+
+func (s *Server) closeFDs() {
+	for _, fd := range []*int{&s.hsm, &s.notify, &s.stop[0], &s.stop[1]} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package revision
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A working tree may be changed by its users while the daemon reads it:
+// served natively (a bind mount), a user can swap a directory for a
+// symlink at any moment, also during a save. So the save and lazy restore
+// reach a working-tree path only through openat2 with RESOLVE_BENEATH and
+// RESOLVE_NO_SYMLINKS from the tree's root: a symlink anywhere in the path
+// fails with ELOOP, ".." can never leave the tree, and neither can a bind
+// mount a user could not make anyway (RESOLVE_NO_XDEV).
+const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+// openBeneath opens rel (slash-separated, "" for the root itself) under the
+// directory root. O_NOFOLLOW and O_NONBLOCK are always added: a fifo a
+// user planted must not block the daemon.
+func openBeneath(root, rel string, flags int) (*os.File, error) {
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer unix.Close(rfd)
+	return openAt(rfd, root, rel, flags)
+}
+
+// openAt is openBeneath from an open root descriptor.
+func openAt(rfd int, root, rel string, flags int) (*os.File, error) {
+	name := rel
+	if name == "" {
+		name = "."
+	}
+	var fd int
+	var err error
+	// EAGAIN: a rename raced the resolution; retried a bounded number
+	// of times, so a user renaming in a loop cannot hold the daemon.
+	for range 64 {
+		fd, err = unix.Openat2(rfd, name, &unix.OpenHow{
+			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK),
+			Resolve: beneath,
+		})
+		if err != unix.EINTR && err != unix.EAGAIN {
+			break
+		}
+	}
+	p := filepath.Join(root, filepath.FromSlash(rel))
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	return os.NewFile(uintptr(fd), p), nil
+}
+
+// relTo is path's slash-separated path below root, or an error if path is
+// not below it.
+func relTo(root, path string) (string, error) {
+	r, err := filepath.Rel(root, path)
+	if err != nil || r == ".." || strings.HasPrefix(r, "../") {
+		return "", errors.New(path + " is not below " + root)
+	}
+	if r == "." {
+		return "", nil
+	}
+	return filepath.ToSlash(r), nil
+}
+
+// statInfo is an fs.FileInfo from an lstat made relative to a directory
+// descriptor (os.DirEntry.Info would lstat the whole path again).
+type statInfo struct {
+	name string
+	st   syscall.Stat_t
+}
+
+func lstatAt(dirfd int, name string) (*statInfo, error) {
+	fi := &statInfo{name: name}
+	// unix.Stat_t and syscall.Stat_t are both the kernel's struct stat.
+	if err := unix.Fstatat(dirfd, name, (*unix.Stat_t)(unsafe.Pointer(&fi.st)), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: name, Err: err}
+	}
+	return fi, nil
+}
+
+func (s *statInfo) Name() string       { return s.name }
+func (s *statInfo) Size() int64        { return s.st.Size }
+func (s *statInfo) ModTime() time.Time { return time.Unix(s.st.Mtim.Unix()) }
+func (s *statInfo) IsDir() bool        { return s.st.Mode&syscall.S_IFMT == syscall.S_IFDIR }
+func (s *statInfo) Sys() any           { return &s.st }
+func (s *statInfo) Mode() fs.FileMode {
+	m := fs.FileMode(s.st.Mode & 0o777)
+	switch s.st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		m |= fs.ModeDir
+	case syscall.S_IFLNK:
+		m |= fs.ModeSymlink
+	case syscall.S_IFIFO:
+		m |= fs.ModeNamedPipe
+	case syscall.S_IFSOCK:
+		m |= fs.ModeSocket
+	case syscall.S_IFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case syscall.S_IFBLK:
+		m |= fs.ModeDevice
+	}
+	return m
+}
+
+// readlinkAt reads the symlink name in dirfd.
+func readlinkAt(dirfd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return "", &os.PathError{Op: "readlink", Path: name, Err: err}
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}
