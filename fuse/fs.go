@@ -259,7 +259,6 @@ func MountLive(mountpoint string, l Live, noXattr bool, opts Options) (*FS, erro
 	return &FS{server: server, log: opts.Log, mountpoint: mountpoint}, nil
 }
 
-
 // raiseReadahead lifts the kernel's readahead for the mount to kb bytes.
 // FUSE caps it at the 128 KiB default whatever the daemon asks, so reads
 // that reach amlfs (a live mount's uncached data) come 128 KiB at a time;

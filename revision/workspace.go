@@ -60,13 +60,13 @@ type Workspace struct {
 	imu   sync.Mutex
 	index *Index // GUARDED_BY(mu, imu); nil for a new workspace
 
-	lmu     sync.Mutex // guards base and lazy; never held across I/O
-	base    *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
-	lazy    *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
+	lmu  sync.Mutex // guards base and lazy; never held across I/O
+	base *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
+	lazy *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
 	// onFilled is told of each placeholder just filled (GUARDED_BY(lmu)).
 	onFilled func(f *os.File)
-	version string     // GUARDED_BY(mu, imu); the index version observed
-	lease   Lease
+	version  string // GUARDED_BY(mu, imu); the index version observed
+	lease    Lease
 	// expect, once set, is the revision the tree was restored from: a
 	// save publishes only while it is still current (GUARDED_BY(mu)).
 	expect *baseExpect
