@@ -100,6 +100,7 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 		checkIndex(ctx, &r, store)
 	}
 	checkFUSE(&r, cfg.fuseOptions)
+	checkServe(&r, cfg)
 	if mp != "" {
 		_, err := os.Stat(cfg.Mountpoint)
 		switch {

@@ -69,6 +69,9 @@ type Config struct {
 	// Serve is how the workspace is served: ServeNative, ServeFUSE or
 	// ServeAuto ("" is DefaultServe).
 	Serve string
+	// Keeper is the amlfs binary, which native serving runs again as its
+	// keeper (native.KeeperArg); "" runs none.
+	Keeper string
 	// Prefetch is the number of background fetches after a lazy restore.
 	Prefetch int
 	// UnsafeNoConditionalWrites lets a mount lock and publish to a store

@@ -57,7 +57,7 @@ func (d *Daemon) chooseServe() error {
 	why := nativeBlocker(cfg)
 	if why == "" {
 		var ok bool
-		ok, why = native.Supported(filepath.Join(cfg.CacheDir, ".probe"))
+		ok, why = native.Supported(cfg.CacheDir)
 		if ok {
 			why = ""
 		}
@@ -74,17 +74,14 @@ func (d *Daemon) chooseServe() error {
 	return nil
 }
 
-// ServeOptions reports what --serve would choose for cfg on this host,
-// for `amlfs check`.
-func ServeOptions(cfg Config) (mode, why string) {
-	if err := cfg.Normalize(); err != nil {
-		return ServeFUSE, err.Error()
-	}
+// checkServe reports how the workspace would be served, and why.
+func checkServe(r *CheckReport, cfg Config) {
 	d := &Daemon{cfg: cfg, log: slog.New(slog.DiscardHandler)}
 	if err := d.chooseServe(); err != nil {
-		return "", err.Error()
+		r.add("serve", "fail", "%v", err)
+		return
 	}
-	return d.serve, d.serveWhy
+	r.add("serve", "ok", "%s: %s", d.serve, d.serveWhy)
 }
 
 // mountNative populates every directory of a lazy tree (no lookup makes
@@ -107,7 +104,8 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 		log.Debug("name the control socket on the root", "err", err)
 	}
 	srv, err := native.Mount(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, Pending: revision.PendingXattr,
-		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log})
+		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
+		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,10 @@ type Options struct {
 	Content Content
 	// ReadOnly mounts read-only.
 	ReadOnly bool
+	// Keeper is the amlfs binary, run as the keeper (keeper.go); "" runs
+	// none. KeeperPID is the file its pid is kept in, where the next
+	// mount finds a keeper a dead daemon left.
+	Keeper, KeeperPID string
 	Log      *slog.Logger
 }
 
@@ -73,6 +78,7 @@ type Server struct {
 	cancel  context.CancelFunc
 	marked  atomic.Int64 // placeholders still marked
 	self    int32
+	keeper  *keeper
 }
 
 // MinKernel is the first Linux with fanotify pre-content events.
@@ -99,12 +105,20 @@ func Supported(dir string) (bool, string) {
 		return false, "fanotify_init(FAN_CLASS_PRE_CONTENT): " + err.Error() + " (a container without CAP_SYS_ADMIN, or a kernel built without CONFIG_FANOTIFY_ACCESS_PERMISSIONS)"
 	}
 	defer unix.Close(fd)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	// A scratch file on the cache disk: the file system must take the
+	// marks placeholders get.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, err.Error()
 	}
-	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, unix.AT_FDCWD, dir); err != nil {
+	f, err := os.CreateTemp(dir, ".amlfs-probe-")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, int(f.Fd()), ""); err != nil {
 		var st unix.Statfs_t
-		unix.Statfs(dir, &st)
+		unix.Fstatfs(int(f.Fd()), &st)
 		return false, fmt.Sprintf("the cache disk's file system (magic %#x) refuses pre-content marks: %v", st.Type, err)
 	}
 	return true, ""
@@ -145,8 +159,21 @@ func Mount(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.log.Debug("marked the tree", "dirs", dirs, "placeholders", files, "seconds", time.Since(start).Seconds())
+	// A keeper a dead daemon left answers EIO for these same inodes:
+	// stopped now that this group marks them.
+	if opts.KeeperPID != "" {
+		StopKeeper(opts.KeeperPID)
+	}
 	if err := s.bind(); err != nil {
 		return nil, err
+	}
+	if opts.Keeper == "" {
+		s.log.Warn("no keeper: if the daemon dies, files not fetched yet read as zeros until the mount is cleaned", "op", "mount", "path", opts.Mountpoint)
+	} else if s.keeper, err = startKeeper(opts.Keeper, s.hsm, opts.Mountpoint, s.mntID); err != nil {
+		unix.Unmount(opts.Mountpoint, unix.MNT_DETACH)
+		return nil, fmt.Errorf("start the keeper: %w", err)
+	} else if opts.KeeperPID != "" {
+		os.WriteFile(opts.KeeperPID, []byte(strconv.Itoa(s.keeper.cmd.Process.Pid)), 0o600)
 	}
 	ok = true
 	s.wg.Add(3)
@@ -506,6 +533,12 @@ func (s *Server) Close() {
 		s.stop[1] = -1
 	}
 	s.wg.Wait()
+	if s.keeper != nil {
+		s.keeper.stop()
+		if s.opts.KeeperPID != "" {
+			os.Remove(s.opts.KeeperPID)
+		}
+	}
 	s.closeFDs()
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/native"
 )
 
 func main() {
@@ -20,6 +21,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 1 && args[1] == native.KeeperArg {
+		return native.RunKeeper(args[2:])
+	}
 	if len(args) > 0 && isMountHelper(args[0]) {
 		a, err := helperArgs(args[1:], mountCommand().Flags)
 		if err != nil {

@@ -95,7 +95,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), DiscardUnsaved: c.Bool("discard-unsaved"), MetricsAddr: c.String("metrics-addr"), CacheDir: c.String("cache-dir"),
 		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
-		Restore: c.String("restore"), Serve: c.String("serve"), Prefetch: c.Int("prefetch"), Mounts: c.StringSlice("mount"),
+		Restore: c.String("restore"), Serve: c.String("serve"), Keeper: executable(), Prefetch: c.Int("prefetch"), Mounts: c.StringSlice("mount"),
 		CacheSizeText: c.String("cache-size"), MetadataTTL: c.Duration("metadata-ttl"),
 		StrictEntries: c.Bool("strict-entries"), MaxEntries: c.Int("max-entries"), SandboxPath: c.String("sandbox-path"), ToolTimeout: c.Duration("tool-timeout"),
 		MaxBytesText: c.String("max-bytes"), MaxArchiveBytesText: c.String("max-archive-bytes"),
@@ -428,7 +428,7 @@ func statusCommand() *cli.Command {
 				base += fmt.Sprintf(" (of workspace %q: a fork, not saved yet)", f.ID)
 			}
 			fmt.Fprintf(w, "current:     %s\nbase:        %s\ndirty:       %v (%d changes)\nlock:        %s\n", orNone(st.CurrentRevision), base, st.Dirty, st.Changes, st.Lock)
-			fmt.Fprintf(w, "save policy: %s\npassthrough: %v\nworking dir: %s\npid:         %d\n", st.SavePolicy, st.Passthrough, st.WorkDir, st.PID)
+			fmt.Fprintf(w, "save policy: %s\nserve:       %s (%s)\npassthrough: %v\nworking dir: %s\npid:         %d\n", st.SavePolicy, st.Serve, st.ServeWhy, st.Passthrough, st.WorkDir, st.PID)
 			if st.PendingFiles > 0 {
 				fmt.Fprintf(w, "lazy:        %d files (%d bytes) not fetched yet\n", st.PendingFiles, st.PendingBytes)
 			}
@@ -474,4 +474,14 @@ func alreadyMounted(c *cli.Context, cfg mount.Config) bool {
 	st, err := cl.Status(c.Context)
 	return err == nil && st.Phase == "serving" && st.ID == cfg.ID &&
 		strings.HasPrefix(st.Store, strings.TrimSuffix(cfg.Store, "/")+"/")
+}
+
+// executable is this binary, which native serving runs again as its
+// keeper; "" if it cannot be found.
+func executable() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return exe
 }

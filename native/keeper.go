@@ -1,0 +1,159 @@
+package native
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The keeper. A placeholder is a sparse file: if the daemon died and its
+// fanotify group went with it, the bind mount would stay and every file
+// not fetched yet would read as zeros. So a native mount starts a small
+// child process, the keeper, that holds the group too. While the daemon
+// lives the keeper only waits. If the daemon dies without saying goodbye,
+// the keeper detaches the mount and answers every pre-content event with
+// EIO, so that a process still holding a placeholder open gets an error,
+// never zeros, until the next mount of the workspace takes the tree over
+// and stops the keeper.
+
+// KeeperArg is the hidden command the amlfs binary runs the keeper as.
+const KeeperArg = "internal-native-keeper"
+
+// keeper is the daemon's handle on its keeper.
+type keeper struct {
+	cmd  *exec.Cmd
+	bye  *os.File // write end: closing it without a byte means the daemon died
+	done chan struct{}
+}
+
+// startKeeper runs exe KeeperArg with the group and a pipe.
+func startKeeper(exe string, group int, mountpoint string, mntID uint64) (*keeper, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	g := os.NewFile(uintptr(group), "fanotify")
+	cmd := exec.Command(exe, KeeperArg, mountpoint, strconv.FormatUint(mntID, 10))
+	cmd.ExtraFiles = []*os.File{g, r} // fds 3 and 4
+	cmd.Stderr = os.Stderr
+	// Its own process group: a Ctrl-C meant for the daemon must not end
+	// the keeper first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, err
+	}
+	k := &keeper{cmd: cmd, bye: w, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(k.done) }()
+	return k, nil
+}
+
+// stop tells the keeper the daemon stops cleanly, and waits for it.
+func (k *keeper) stop() {
+	k.bye.Write([]byte{'q'})
+	k.bye.Close()
+	select {
+	case <-k.done:
+	case <-time.After(5 * time.Second):
+		k.cmd.Process.Kill()
+	}
+}
+
+// RunKeeper is the keeper's main: fd 3 is the group, fd 4 the pipe from
+// the daemon. It returns only on a clean stop.
+func RunKeeper(args []string) int {
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "amlfs keeper: want MOUNTPOINT MOUNT-ID")
+		return 2
+	}
+	mp := args[0]
+	id, _ := strconv.ParseUint(args[1], 10, 64)
+	group, pipe := 3, os.NewFile(4, "daemon")
+	buf := make([]byte, 1)
+	if n, _ := pipe.Read(buf); n == 1 && buf[0] == 'q' {
+		return 0 // a clean stop: the daemon answered everything
+	}
+	// The daemon died.
+	if cur, err := mountID(mp); err == nil && cur == id {
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+			fmt.Fprintf(os.Stderr, "amlfs keeper: the daemon died; detach %s: %v\n", mp, err)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "amlfs keeper: the daemon serving %s died; detached the mount, and files not fetched yet give EIO until the workspace is mounted again\n", mp)
+	// Events the daemon read but never answered wait on descriptor
+	// numbers of the dead daemon: answer every number it could have had.
+	var lim unix.Rlimit
+	max := 1 << 20
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Max < uint64(max) {
+		max = int(lim.Max)
+	}
+	for fd := 0; fd < max; fd++ {
+		deny(group, int32(fd))
+	}
+	unix.SetNonblock(group, false)
+	ev := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(group, ev)
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil || n == 0 {
+			return 1
+		}
+		for off := 0; off+metaLen <= n; {
+			m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&ev[off]))
+			if m.Event_len < uint32(metaLen) {
+				break
+			}
+			off += int(m.Event_len)
+			if m.Fd >= 0 {
+				deny(group, m.Fd)
+				unix.Close(int(m.Fd))
+			}
+		}
+	}
+}
+
+func deny(group int, fd int32) {
+	r := unix.FanotifyResponse{Fd: fd, Response: unix.FAN_DENY | uint32(unix.EIO)<<unix.FAN_ERRNO_SHIFT}
+	unix.Write(group, (*[unsafe.Sizeof(r)]byte)(unsafe.Pointer(&r))[:])
+}
+
+// StopKeeper ends a keeper left by a dead daemon (pid in file), once the
+// next mount has marked the tree again. A pid that is not a keeper is left
+// alone.
+func StopKeeper(file string) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(string(data))
+	if err != nil || pid <= 1 {
+		return
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err == nil && containsArg(cmdline, KeeperArg) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	os.Remove(file)
+}
+
+func containsArg(cmdline []byte, arg string) bool {
+	start := 0
+	for i, b := range cmdline {
+		if b == 0 {
+			if string(cmdline[start:i]) == arg {
+				return true
+			}
+			start = i + 1
+		}
+	}
+	return false
+}
