@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fsbench.sh: the same workload on a native directory, the go-fuse loopback
-# example and an amlfs workspace mount, side by side in one run, reported
-# as ratios to native. Needs root (FUSE, drop_caches).
+# example, an amlfs workspace served through FUSE and one served natively
+# (--serve native: a bind mount), side by side in one run, reported as
+# ratios to native. Needs root (FUSE, bind mounts, drop_caches).
 #
 #   bash bench/fsbench.sh [SIZE_MIB]      (default 1024)
 set -euo pipefail
@@ -10,7 +11,7 @@ SIZE_MIB=${1:-1024}
 WORK=${BENCH_DIR:-/var/tmp/amlfs-bench}
 GOSRC=${GOSRC:-$(go env GOROOT)/src}
 
-rm -rf "$WORK"; mkdir -p "$WORK"/{native,lb-backing,lb,am,bin,store,cache,run}
+rm -rf "$WORK"; mkdir -p "$WORK"/{native,lb-backing,lb,am,amn,bin,store,cache,run}
 export AMLFS_RUNTIME_DIR="$WORK/run"
 go build -o "$WORK/bin/amlfs" ./cmd/amlfs
 GOBIN="$WORK/bin" go install github.com/hanwen/go-fuse/v2/example/loopback@v2.12.1
@@ -19,6 +20,7 @@ NFILES=$(tar -tf "$WORK/src.tar" | wc -l)
 
 cleanup() {
   "$WORK/bin/amlfs" unmount --no-save "$WORK/am" >/dev/null 2>&1 || true
+  "$WORK/bin/amlfs" unmount --no-save "$WORK/amn" >/dev/null 2>&1 || true
   umount "$WORK/lb" 2>/dev/null || true
   kill "${LBPID:-0}" 2>/dev/null || true
 }
@@ -26,10 +28,12 @@ trap cleanup EXIT
 
 "$WORK/bin/loopback" "$WORK/lb" "$WORK/lb-backing" >/dev/null 2>&1 &
 LBPID=$!
-"$WORK/bin/amlfs" mount --daemon "$WORK/am" --store "file://$WORK/store" --id bench --cache-dir "$WORK/cache" --save never >/dev/null
+"$WORK/bin/amlfs" mount --daemon "$WORK/am" --store "file://$WORK/store" --id bench --cache-dir "$WORK/cache" --save never --serve fuse >/dev/null
+"$WORK/bin/amlfs" mount --daemon "$WORK/amn" --store "file://$WORK/store" --id bench-native --cache-dir "$WORK/cache" --save never --serve native >/dev/null
 . bench/mounted.sh
 mounted "$WORK/lb" "the go-fuse loopback example"
 mounted "$WORK/am" "amlfs"
+mounted_native "$WORK/amn" "amlfs --serve native" "$WORK/bin/amlfs"
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # t CMD...: run CMD, print seconds
@@ -42,8 +46,8 @@ ROUNDS=${ROUNDS:-2}
 keep() { local cur=${R[$1]:-}; if [ -z "$cur" ] || (( $(echo "$2 < $cur" | bc -l) )); then R[$1]=$2; fi; }
 for round in $(seq "$ROUNDS"); do
   # Rotate the order each round so no target always runs first.
-  case $((round % 3)) in
-    1) order="native lb am" ;; 2) order="am native lb" ;; 0) order="lb am native" ;;
+  case $((round % 4)) in
+    1) order="native lb am amn" ;; 2) order="amn native lb am" ;; 3) order="am amn native lb" ;; 0) order="lb am amn native" ;;
   esac
   for target in $order; do
     d="$WORK/$target"
@@ -64,8 +68,8 @@ for round in $(seq "$ROUNDS"); do
 done
 
 printf '\nfsbench: %d MiB sequential, %d-entry source tree (%s), kernel %s, best of %d rounds\n\n' "$SIZE_MIB" "$NFILES" "$GOSRC" "$(uname -r)" "$ROUNDS"
-printf '| step | native s | loopback s | amlfs s | loopback / native | amlfs / native |\n|---|---|---|---|---|---|\n'
+printf '| step | native s | loopback s | amlfs fuse s | amlfs native s | loopback / native | amlfs fuse / native | amlfs native / native |\n|---|---|---|---|---|---|---|---|\n'
 for s in $STEPS; do
-  n=${R[native,$s]}; l=${R[lb,$s]}; a=${R[am,$s]}
-  printf '| %s | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n' "$s" "$n" "$l" "$a" "$(echo "$l / $n" | bc -l)" "$(echo "$a / $n" | bc -l)"
+  n=${R[native,$s]}; l=${R[lb,$s]}; a=${R[am,$s]}; an=${R[amn,$s]}
+  printf '| %s | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.2fx |\n' "$s" "$n" "$l" "$a" "$an" "$(echo "$l / $n" | bc -l)" "$(echo "$a / $n" | bc -l)" "$(echo "$an / $n" | bc -l)"
 done

@@ -14,3 +14,15 @@ mounted() {
   echo "$(basename "$0"): $2 is not mounted at $1 (${fs:-no mount there}); refusing to time a plain directory" >&2
   exit 1
 }
+
+# mounted_native DIR WHAT AMLFS: wait up to 10 s for amlfs to serve DIR
+# natively (a bind mount, so no FUSE type to look for): its status must
+# say so.
+mounted_native() {
+  for _ in $(seq 100); do
+    if "$3" status "$1" 2>/dev/null | grep -q '^serve: *native'; then return 0; fi
+    sleep 0.1
+  done
+  echo "$(basename "$0"): $2 is not serving $1 natively; refusing to time a plain directory" >&2
+  exit 1
+}

@@ -295,8 +295,9 @@ func (f *FS) Freeze() (thaw func()) {
 // is a FUSE request that Changes counts.
 func (f *FS) Touch() {}
 
-// Sync is a no-op: FUSE sees every change as it is made.
-func (f *FS) Sync() error { return nil }
+// Mark is the count a save starts from: Changes, since FUSE sees every
+// change as it is made.
+func (f *FS) Mark() int64 { return f.Changes() }
 
 // Close is a no-op: Unmount ends the FUSE session.
 func (f *FS) Close() {}

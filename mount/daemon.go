@@ -81,8 +81,9 @@ type server interface {
 	// daemon made itself through the mount (a tool call).
 	Changes() int64
 	Touch()
-	// Sync makes changes from now on count everywhere in the tree.
-	Sync() error
+	// Mark is the count a save (or the mount) starts from: every change
+	// after it counts.
+	Mark() int64
 	// Freeze holds changes back while a snapshot is taken, if it can.
 	Freeze() (thaw func())
 	Passthrough() bool
@@ -374,7 +375,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.fs = fsys
 	d.mu.Lock()
 	if d.baseMark != -1 {
-		d.baseMark = fsys.Changes()
+		d.baseMark = fsys.Mark()
+	} else {
+		fsys.Mark()
 	}
 	d.phase = "serving"
 	d.mu.Unlock()
@@ -841,10 +844,7 @@ func saveInfo(res revision.SaveResult) SaveInfo {
 func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.saveMu.Lock()
 	defer d.saveMu.Unlock()
-	if err := d.fs.Sync(); err != nil {
-		d.log.Warn("mark the tree's new directories", "provider", "workspace", "op", "sync", "path", d.workDir, "err", err)
-	}
-	mark := d.fs.Changes()
+	mark := d.fs.Mark()
 	d.mu.Lock()
 	baseRev, baseMark := d.baseRev, d.baseMark
 	d.mu.Unlock()

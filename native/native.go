@@ -79,6 +79,15 @@ type Server struct {
 	marked  atomic.Int64 // placeholders still marked
 	self    int32
 	keeper  *keeper
+	// armed is set once Mark has marked every directory and read the
+	// count a save starts from: the first change seen then removes every
+	// mark (FAN_MARK_FLUSH), since one change after the mark makes the
+	// tree dirty until the next save, and events after it would only
+	// cost the sandbox time. The next Mark marks them again. fmu orders a
+	// flush and its count against Mark, so that a flush is always
+	// counted after the mark it follows.
+	fmu   sync.Mutex
+	armed bool // GUARDED_BY(fmu)
 }
 
 // MinKernel is the first Linux with fanotify pre-content events.
@@ -377,9 +386,10 @@ func (s *Server) respond(fd int32, resp uint32) {
 	}
 }
 
-// serveNotify counts the tree's changes. New directories get their mark
-// by the next Sync; a change in one made before that is a change anyway,
-// since making the directory was.
+// serveNotify counts the tree's changes. After the first since a Mark,
+// the marks are dropped until the next Mark, which a save starts with.
+// New directories get their mark by the next Mark too; a change in one
+// made before that is a change anyway, since making the directory was.
 func (s *Server) serveNotify() {
 	defer s.wg.Done()
 	buf := make([]byte, 64<<10)
@@ -409,8 +419,14 @@ func (s *Server) serveNotify() {
 				continue // the daemon's own: a fetch, a lease
 			}
 			if !counted {
-				s.changes.Add(1)
 				counted = true
+				s.fmu.Lock()
+				if s.armed {
+					unix.FanotifyMark(s.notify, unix.FAN_MARK_FLUSH, 0, unix.AT_FDCWD, "")
+					s.armed = false
+				}
+				s.changes.Add(1)
+				s.fmu.Unlock()
 			}
 		}
 	}
@@ -449,19 +465,30 @@ func (s *Server) mounted() bool {
 	return err == nil && id == s.mntID
 }
 
-// Changes returns the number of changes seen so far (a batch of events
-// read at once counts once).
+// Changes returns the number of changes seen so far: after the first
+// since a Mark, further ones are not seen until the next, so it counts
+// one per save interval with changes, not every change.
 func (s *Server) Changes() int64 { return s.changes.Load() }
 
 // Touch counts a change the daemon made itself through the mount (a tool
 // call), which the change marks leave out as the daemon's own.
 func (s *Server) Touch() { s.changes.Add(1) }
 
-// Sync marks the directories made since the last Sync, so that changes in
-// them count. The daemon calls it before it takes a save's mark.
-func (s *Server) Sync() error {
-	_, _, err := s.markDirsOnly()
-	return err
+// Mark marks every directory again and returns the count a save starts
+// from: every change after it is seen. A directory that cannot be marked
+// (gone, swapped for a symlink) is passed over.
+func (s *Server) Mark() int64 {
+	s.fmu.Lock()
+	s.armed = false
+	s.fmu.Unlock()
+	if _, _, err := s.markDirsOnly(); err != nil {
+		s.log.Warn("mark the tree's directories; the tree counts as changed", "op", "fanotify", "path", s.opts.Dir, "err", err)
+		s.changes.Add(1)
+	}
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	s.armed = true
+	return s.changes.Load()
 }
 
 func (s *Server) markDirsOnly() (int, int, error) {

@@ -144,6 +144,11 @@ type walker struct {
 // walk visits the directory rel; it reports whether it selected anything.
 func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (bool, error) {
 	d, err := openAt(w.rfd, w.root, rel, os.O_RDONLY|unix.O_DIRECTORY)
+	if rel != "" && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV)) {
+		// Removed, or swapped for a symlink or a file, since its parent
+		// was listed: the save leaves it out rather than follow it.
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}

@@ -1,0 +1,361 @@
+package integration
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Native serving (--serve native): the workspace is a bind mount of the
+// working tree, and lazily restored files are filled by fanotify
+// pre-content events.
+
+// needNative skips where native serving cannot run (amlfs check says why).
+func needNative(t *testing.T, e *env) {
+	t.Helper()
+	r := e.amlfs(append([]string{"check", "--serve", "native"}, e.wsArgs("native-check")...)...)
+	if !strings.Contains(r.stdout, "serve") || strings.Contains(r.stdout, "cannot run here") {
+		t.Skipf("native serving cannot run here: %s", r)
+	}
+}
+
+// nativeTree writes a tree that exercises every way to reach a file's
+// bytes, and returns each file's content.
+func nativeTree(t *testing.T, mp string) map[string][]byte {
+	t.Helper()
+	want := map[string][]byte{}
+	put := func(name string, data []byte, mode os.FileMode) {
+		p := filepath.Join(mp, name)
+		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		must(t, os.WriteFile(p, data, mode))
+		want[name] = data
+	}
+	for i := range 50 {
+		put(fmt.Sprintf("d%d/f%d.txt", i%5, i), []byte(strings.Repeat(fmt.Sprintf("line %d of file %d\n", i, i), 40+i)), 0o644)
+	}
+	big := make([]byte, 5<<20)
+	for i := range big {
+		big[i] = byte(i*7 + i>>12)
+	}
+	put("big.bin", big, 0o644)
+	put("mmap.bin", bytes.Repeat([]byte("mapped!\n"), 1000), 0o644)
+	put("bin/hello.sh", []byte("#!/bin/sh\necho hello from a placeholder\n"), 0o755)
+	put("append.txt", []byte("first\n"), 0o666)
+	put("trunc.txt", []byte("0123456789abcdef"), 0o666)
+	return want
+}
+
+func serveOf(t *testing.T, e *env, mp string) string {
+	t.Helper()
+	st := e.amlfs("status", mp, "--json")
+	for _, s := range []string{"native", "fuse"} {
+		if strings.Contains(st.stdout, `"serve": "`+s+`"`) {
+			return s
+		}
+	}
+	t.Fatalf("status names no serving mode: %s", st)
+	return ""
+}
+
+// Every way to reach a placeholder's bytes gives the right bytes: read,
+// mmap, exec, append, truncate; reads count as no change; the save after
+// them publishes exactly the tree. On both stores.
+func TestNativeLazyRestore(t *testing.T) { forEachStore(t, testNativeLazyRestore) }
+
+func testNativeLazyRestore(t *testing.T, newEnv func(*testing.T) *env) {
+	e := newEnv(t)
+	needNative(t, e)
+	mp := e.mount("native", "--serve", "native")
+	if s := serveOf(t, e, mp); s != "native" {
+		t.Fatalf("serving %s, want native", s)
+	}
+	want := nativeTree(t, mp)
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+
+	// Another host: a fresh cache dir, no prefetch, so every file is a
+	// placeholder until it is used.
+	h := e.host(t)
+	mp2 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	st := h.amlfs("status", mp2, "--json").stdout
+	if n := jsonInt(t, st, "pendingFiles"); n != len(want) {
+		t.Fatalf("%d pending files, want %d: %s", n, len(want), st)
+	}
+	var fi syscall.Stat_t
+	must(t, syscall.Stat(filepath.Join(mp2, "big.bin"), &fi))
+	if fi.Size != 5<<20 {
+		t.Fatalf("placeholder size %d", fi.Size)
+	}
+	for _, name := range []string{"d0/f0.txt", "d3/f48.txt", "big.bin"} {
+		got, err := os.ReadFile(filepath.Join(mp2, name))
+		must(t, err)
+		if !bytes.Equal(got, want[name]) {
+			t.Fatalf("%s: read %d bytes that differ from the saved ones", name, len(got))
+		}
+	}
+	// mmap, with no read(2) at all.
+	f, err := os.Open(filepath.Join(mp2, "mmap.bin"))
+	must(t, err)
+	m, err := unix.Mmap(int(f.Fd()), 0, len(want["mmap.bin"]), unix.PROT_READ, unix.MAP_SHARED)
+	must(t, err)
+	if !bytes.Equal(m, want["mmap.bin"]) {
+		t.Errorf("mmap of a placeholder: %q...", m[:16])
+	}
+	unix.Munmap(m)
+	f.Close()
+	// exec of a placeholder.
+	out, err := exec.Command(filepath.Join(mp2, "bin/hello.sh")).CombinedOutput()
+	if err != nil || string(out) != "hello from a placeholder\n" {
+		t.Errorf("exec of a placeholder: %q %v", out, err)
+	}
+	if st := h.amlfs("status", mp2, "--json").stdout; strings.Contains(st, `"dirty": true`) {
+		t.Errorf("reads made the tree dirty: %s", st)
+	}
+	// A write and a truncate of placeholders keep the bytes around them.
+	sh(t, mp2, "echo second >> append.txt && truncate -s 10 trunc.txt")
+	want["append.txt"] = []byte("first\nsecond\n")
+	want["trunc.txt"] = []byte("0123456789")
+	checkTree(t, mp2, want)
+	if st := h.amlfs("status", mp2, "--json").stdout; !strings.Contains(st, `"dirty": true`) {
+		t.Errorf("an append left the tree clean: %s", st)
+	}
+	if r := h.unmount(mp2); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	// What it published is exactly the tree, through FUSE on a third host.
+	h3 := e.host(t)
+	mp3 := h3.mount("native", "--serve", "fuse", "--restore", "full")
+	checkTree(t, mp3, want)
+}
+
+// checkTree compares every file under mp with want, and that no other
+// file is there.
+func checkTree(t *testing.T, mp string, want map[string][]byte) {
+	t.Helper()
+	seen := 0
+	filepath.Walk(mp, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(mp, p)
+		w, ok := want[rel]
+		if !ok {
+			t.Errorf("unexpected file %s", rel)
+			return nil
+		}
+		seen++
+		got, err := os.ReadFile(p)
+		if err != nil || !bytes.Equal(got, w) {
+			t.Errorf("%s: %d bytes, sha %x, want %d bytes sha %x (%v)", rel, len(got), sha256.Sum256(got), len(w), sha256.Sum256(w), err)
+		}
+		return nil
+	})
+	if seen != len(want) {
+		t.Errorf("%d files, want %d", seen, len(want))
+	}
+}
+
+// A placeholder whose store fails gives EIO, never zeros, and a slow
+// store makes the reader wait for the right bytes.
+func TestNativeStoreFails(t *testing.T) {
+	e, px := faultyS3Env(t)
+	needNative(t, e)
+	mp := e.mount("native", "--serve", "native")
+	want := nativeTree(t, mp)
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	h := e.host(t)
+	mp2 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	files := func(r *http.Request) bool { return isGet(r) && strings.Contains(r.URL.Path, "/files/") }
+	px.set(&fault{kind: faultLatency, match: files, delay: 2 * time.Second})
+	start := time.Now()
+	got, err := os.ReadFile(filepath.Join(mp2, "d1/f1.txt"))
+	if err != nil || !bytes.Equal(got, want["d1/f1.txt"]) || time.Since(start) < 2*time.Second {
+		t.Fatalf("slow store: %d bytes after %v, %v", len(got), time.Since(start), err)
+	}
+	px.set(&fault{kind: faultStatus, match: files, status: 500, code: "InternalError"})
+	for _, name := range []string{"d2/f2.txt", "big.bin", "mmap.bin"} {
+		_, err := os.ReadFile(filepath.Join(mp2, name))
+		if !errorsIs(err, syscall.EIO) {
+			t.Errorf("%s with the store failing: %v, want EIO", name, err)
+		}
+	}
+	px.set()
+	if eio := checkReads(t, mp2, want); eio != 0 {
+		t.Errorf("%d reads gave EIO once the store answered again", eio)
+	}
+}
+
+func errorsIs(err error, target syscall.Errno) bool {
+	for err != nil {
+		if e, ok := err.(syscall.Errno); ok {
+			return e == target
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
+
+// A daemon killed with SIGKILL leaves no zeros behind: its keeper detaches
+// the mount and answers EIO to a placeholder still open, and the next
+// mount resumes the tree with every byte right.
+func TestNativeCrash(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	mp := e.mount("native", "--serve", "native")
+	want := nativeTree(t, mp)
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	h := e.host(t)
+	mp2 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	f, err := os.Open(filepath.Join(mp2, "big.bin"))
+	must(t, err)
+	defer f.Close()
+	pid := jsonInt(t, h.amlfs("status", mp2, "--json").stdout, "pid")
+	must(t, syscall.Kill(pid, syscall.SIGKILL))
+	deadline := time.Now().Add(10 * time.Second)
+	for isMounted(mp2) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if isMounted(mp2) {
+		t.Fatal("the keeper did not detach the mount of a dead daemon")
+	}
+	buf := make([]byte, 4096)
+	if n, err := f.Read(buf); !errorsIs(err, syscall.EIO) {
+		t.Fatalf("read of a placeholder after the daemon died: %d bytes (zeros: %v), %v; want EIO", n, bytes.Count(buf[:n], []byte{0}) == n, err)
+	}
+	// The next mount takes the tree over: the same open file now reads.
+	mp3 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	if mp3 != mp2 {
+		t.Fatalf("mountpoint %s, want %s", mp3, mp2)
+	}
+	n, err := f.ReadAt(buf, 0)
+	if err != nil || !bytes.Equal(buf[:n], want["big.bin"][:n]) {
+		t.Fatalf("read through the descriptor held across the crash: %d bytes, %v", n, err)
+	}
+	checkTree(t, mp3, want)
+	f.Close()
+	if r := h.unmount(mp3); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	if out, _ := exec.Command("pgrep", "-f", "internal-native-keeper "+mp2).Output(); len(out) > 0 {
+		t.Errorf("a keeper outlived its clean unmount: pid %s", out)
+	}
+}
+
+// An external umount is noticed: the daemon saves and exits.
+func TestNativeExternalUnmount(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	mp := e.mount("native", "--serve", "native")
+	must(t, os.WriteFile(filepath.Join(mp, "kept.txt"), []byte("kept\n"), 0o644))
+	pid := jsonInt(t, e.amlfs("status", mp, "--json").stdout, "pid")
+	must(t, syscall.Unmount(mp, 0))
+	deadline := time.Now().Add(30 * time.Second)
+	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil {
+		t.Fatal("the daemon still runs after its mount was unmounted")
+	}
+	h := e.host(t)
+	mp2 := h.mount("native", "--serve", "native")
+	if got, err := os.ReadFile(filepath.Join(mp2, "kept.txt")); err != nil || string(got) != "kept\n" {
+		t.Fatalf("after an external umount: %q %v", got, err)
+	}
+}
+
+// A live mount inside a native workspace has its own FUSE connection; the
+// save leaves it out.
+func TestNativeLiveMount(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	host := filepath.Join(e.root, "host")
+	must(t, os.MkdirAll(host, 0o755))
+	must(t, os.WriteFile(filepath.Join(host, "h.txt"), []byte("host\n"), 0o644))
+	mp := e.mount("native", "--serve", "native", "--mount", "/shared=file://"+host)
+	if got, err := os.ReadFile(filepath.Join(mp, "shared/h.txt")); err != nil || string(got) != "host\n" {
+		t.Fatalf("live mount: %q %v", got, err)
+	}
+	var sfs unix.Statfs_t
+	must(t, unix.Statfs(filepath.Join(mp, "shared"), &sfs))
+	if sfs.Type != 0x65735546 { // FUSE_SUPER_MAGIC
+		t.Errorf("the live mount is not a FUSE mount (magic %#x)", sfs.Type)
+	}
+	must(t, os.WriteFile(filepath.Join(mp, "shared/new.txt"), []byte("new\n"), 0o644))
+	must(t, os.WriteFile(filepath.Join(mp, "ws.txt"), []byte("ws\n"), 0o644))
+	if got, _ := os.ReadFile(filepath.Join(host, "new.txt")); string(got) != "new\n" {
+		t.Errorf("a write through the live mount reached the host dir as %q", got)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	if isMounted(filepath.Join(mp, "shared")) || isMounted(mp) {
+		t.Fatal("a mount outlived the unmount")
+	}
+	h := e.host(t)
+	mp2 := h.mount("native", "--serve", "fuse", "--restore", "full")
+	checkTree(t, mp2, map[string][]byte{"ws.txt": []byte("ws\n")})
+}
+
+// A user of the workspace swaps directories for symlinks to a directory
+// only root may read, in a loop, while saves run: no save ever holds a
+// byte from outside the tree.
+func TestNativeSymlinkSwapDuringSave(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	e.traversable()
+	secret := filepath.Join(e.root, "secret")
+	must(t, os.MkdirAll(secret, 0o700))
+	must(t, os.WriteFile(filepath.Join(secret, "f.txt"), []byte("TOPSECRET\n"), 0o600))
+	mp := e.mount("native", "--serve", "native")
+	must(t, os.Chmod(mp, 0o777))
+	// As uid 4242: d is a directory holding f.txt, or a symlink to the
+	// secret directory, swapped as fast as it can.
+	script := fmt.Sprintf(`cd %s; mkdir -p real; echo public > real/f.txt
+while [ ! -e stop ]; do
+  ln -sfn %s d.tmp && mv -T d.tmp d
+  rm -f d; mkdir -p d.new && cp real/f.txt d.new/ && mv -T d.new d 2>/dev/null || rm -rf d.new
+  rm -rf d
+done`, mp, secret)
+	cmd := exec.Command("setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "sh", "-c", script)
+	must(t, cmd.Start())
+	defer func() {
+		os.WriteFile(filepath.Join(mp, "stop"), nil, 0o644)
+		cmd.Wait()
+	}()
+	for i := range 15 {
+		r := e.amlfs("commit", mp)
+		if r.code != 0 && !strings.Contains(r.stderr, "changed during") {
+			t.Fatalf("commit %d: %s", i, r)
+		}
+	}
+	os.WriteFile(filepath.Join(mp, "stop"), nil, 0o644)
+	cmd.Wait()
+	// No object of any revision holds the secret.
+	filepath.Walk(e.storeD, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			if data, _ := os.ReadFile(p); bytes.Contains(data, []byte("TOPSECRET")) {
+				t.Errorf("%s holds the secret", p)
+			}
+		}
+		return nil
+	})
+}
