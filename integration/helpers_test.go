@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 	case "socket":
 		socketChild()
 		os.Exit(0)
+	case "swap":
+		swapChild()
+		os.Exit(0)
 	default:
 		fmt.Println("unknown AMLFS_TEST_CHILD", os.Getenv("AMLFS_TEST_CHILD"))
 		os.Exit(2)

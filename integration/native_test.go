@@ -315,47 +315,83 @@ func TestNativeLiveMount(t *testing.T) {
 	checkTree(t, mp2, map[string][]byte{"ws.txt": []byte("ws\n")})
 }
 
-// A user of the workspace swaps directories for symlinks to a directory
-// only root may read, in a loop, while saves run: no save ever holds a
-// byte from outside the tree.
+// A user of the workspace swaps a directory and a symlink to a directory
+// only root may read (renameat2 RENAME_EXCHANGE, in a loop) while saves
+// run: no save ever holds a byte from outside the tree.
 func TestNativeSymlinkSwapDuringSave(t *testing.T) {
 	e := newEnv(t)
 	needNative(t, e)
-	e.traversable()
+	bin := e.attackerBin()
 	secret := filepath.Join(e.root, "secret")
 	must(t, os.MkdirAll(secret, 0o700))
-	must(t, os.WriteFile(filepath.Join(secret, "f.txt"), []byte("TOPSECRET\n"), 0o600))
+	for i := range 200 {
+		must(t, os.WriteFile(filepath.Join(secret, fmt.Sprintf("f%d.txt", i)), []byte("TOPSECRET\n"), 0o600))
+	}
 	mp := e.mount("native", "--serve", "native")
 	must(t, os.Chmod(mp, 0o777))
-	// As uid 4242: d is a directory holding f.txt, or a symlink to the
-	// secret directory, swapped as fast as it can.
-	script := fmt.Sprintf(`cd %s; mkdir -p real; echo public > real/f.txt
-while [ ! -e stop ]; do
-  ln -sfn %s d.tmp && mv -T d.tmp d
-  rm -f d; mkdir -p d.new && cp real/f.txt d.new/ && mv -T d.new d 2>/dev/null || rm -rf d.new
-  rm -rf d
-done`, mp, secret)
-	cmd := exec.Command("setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "sh", "-c", script)
+	work := filepath.Join(mp, "w")
+	must(t, os.MkdirAll(filepath.Join(work, "d"), 0o755))
+	for i := range 200 {
+		must(t, os.WriteFile(filepath.Join(work, "d", fmt.Sprintf("f%d.txt", i)), []byte("public\n"), 0o644))
+	}
+	must(t, os.Symlink(secret, filepath.Join(work, "s")))
+	must(t, exec.Command("chown", "-R", "-h", "4242:4242", work).Run())
+	cmd := exec.Command(bin)
+	cmd.Dir = work
+	cmd.Env = []string{"AMLFS_TEST_CHILD=swap", "PATH=" + os.Getenv("PATH")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 4242, Gid: 4242}}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	must(t, cmd.Start())
-	defer func() {
-		os.WriteFile(filepath.Join(mp, "stop"), nil, 0o644)
+	stop := func() {
+		os.WriteFile(filepath.Join(work, "stop"), nil, 0o644)
 		cmd.Wait()
-	}()
-	for i := range 15 {
-		r := e.amlfs("commit", mp)
-		if r.code != 0 && !strings.Contains(r.stderr, "changed during") {
+	}
+	defer stop()
+	saved := 0
+	for i := range 20 {
+		r := e.amlfs("commit", mp, "--revision", fmt.Sprintf("r%d", i))
+		if r.code == 0 {
+			saved++
+		} else if !strings.Contains(r.stderr, "changed during") {
 			t.Fatalf("commit %d: %s", i, r)
 		}
 	}
-	os.WriteFile(filepath.Join(mp, "stop"), nil, 0o644)
-	cmd.Wait()
+	stop()
+	if !strings.Contains(out.String(), "swaps") {
+		t.Fatalf("the swapper did not run: %s", out.String())
+	}
+	t.Logf("%d saves; %s", saved, strings.TrimSpace(out.String()))
 	// No object of any revision holds the secret.
+	leaked := 0
 	filepath.Walk(e.storeD, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && fi.Mode().IsRegular() {
 			if data, _ := os.ReadFile(p); bytes.Contains(data, []byte("TOPSECRET")) {
-				t.Errorf("%s holds the secret", p)
+				leaked++
 			}
 		}
 		return nil
 	})
+	if leaked > 0 {
+		t.Fatalf("%d objects in the store hold bytes only root could read", leaked)
+	}
+}
+
+// swapChild exchanges d and s in the working directory until a file
+// named stop appears.
+func swapChild() {
+	n, fails := 0, 0
+	for i := 0; ; i++ {
+		if i%1000 == 0 {
+			if _, err := os.Lstat("stop"); err == nil {
+				break
+			}
+		}
+		if err := unix.Renameat2(unix.AT_FDCWD, "d", unix.AT_FDCWD, "s", unix.RENAME_EXCHANGE); err != nil {
+			fails++
+		} else {
+			n++
+		}
+	}
+	fmt.Printf("%d swaps, %d failed\n", n, fails)
 }

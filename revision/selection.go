@@ -231,8 +231,8 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			e.Type, e.Size = TypeFile, fi.Size()
 		case fi.Mode()&os.ModeSymlink != 0:
 			target, err := readlinkAt(dfd, de.Name())
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
+				continue // removed or replaced since the listing
 			}
 			if err != nil {
 				return false, err
