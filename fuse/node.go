@@ -329,7 +329,9 @@ func (d *liveDirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall
 
 // internalXattr names amlfs's own markers in the working tree; the mount
 // neither shows nor lets anyone change them.
-func internalXattr(attr string) bool { return strings.HasPrefix(attr, "user.amlfs.") }
+func internalXattr(attr string) bool {
+	return strings.HasPrefix(attr, "user.amlfs.") || strings.HasPrefix(attr, "trusted.amlfs.")
+}
 
 var _ = (gofs.NodeGetxattrer)((*node)(nil))
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -159,6 +160,11 @@ func (e *env) mount(id string, extra ...string) string {
 
 func (e *env) mountAt(mp, id string, extra ...string) result {
 	e.t.Helper()
+	// AMLFS_TEST_SERVE=native runs the suite's mounts natively unless a
+	// test names the mode itself.
+	if m := os.Getenv("AMLFS_TEST_SERVE"); m != "" && !slices.Contains(extra, "--serve") {
+		extra = append(extra[:len(extra):len(extra)], "--serve", m)
+	}
 	args := append([]string{"mount", "--daemon", mp}, e.wsArgs(id, extra...)...)
 	r := e.amlfs(args...)
 	if r.code == 0 {

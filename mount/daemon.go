@@ -231,7 +231,9 @@ type workState struct {
 	// Fork names what a fork not saved yet was forked from: its first
 	// save records it.
 	Fork *revision.ForkOrigin `json:"fork,omitempty"`
-	PID  int                  `json:"pid"`
+	// Serve is how the tree was served ("" before it was kept: fuse).
+	Serve string `json:"serve,omitempty"`
+	PID   int    `json:"pid"`
 }
 
 // Hooks let the caller follow a daemon's start.
@@ -343,6 +345,9 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.workDir = filepath.Join(filepath.Dir(slot.Name()), workDirName)
 	d.state = filepath.Join(filepath.Dir(slot.Name()), stateFile)
+	if err := d.chooseServe(); err != nil {
+		return err
+	}
 	d.setPhase("restoring")
 	if err := d.prepareWorkDir(ctx); err != nil {
 		return err
@@ -355,9 +360,6 @@ func (d *Daemon) start(ctx context.Context) error {
 	syscall.Umask(0)
 	live, err := d.openLive(ctx)
 	if err != nil {
-		return err
-	}
-	if err := d.chooseServe(); err != nil {
 		return err
 	}
 	var fsys server
@@ -473,7 +475,10 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 					}
 					d.notify("warning: the resumed tree was made when revision %q was current, but %q is current now: another writer published since, so saving it will fail with AML_PUBLISH_CONFLICT. Mount with --discard-unsaved to restore the current revision instead", was, cur)
 				}
-				if n, err := d.ws.ResumePending(d.workDir, cfg.Selection()); err != nil {
+				// A tree its users reached only through FUSE cannot hold
+				// a marker they planted: older markers count there.
+				legacy := prev.Serve != ServeNative
+				if n, err := d.ws.ResumePending(d.workDir, cfg.Selection(), legacy); err != nil {
 					return err
 				} else if n > 0 {
 					d.log.Info("the resumed tree has files whose bytes are still to be fetched", "files", n)
@@ -537,6 +542,7 @@ func (d *Daemon) writeState() error {
 	st.Publishing = d.publishing
 	d.mu.Unlock()
 	st.Fork = d.ws.Fork()
+	st.Serve = d.serve
 	data, _ := json.Marshal(st)
 	return atomicfile.Write(d.state, "", data, 0o600)
 }

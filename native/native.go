@@ -59,7 +59,7 @@ type Options struct {
 	// none. KeeperPID is the file its pid is kept in, where the next
 	// mount finds a keeper a dead daemon left.
 	Keeper, KeeperPID string
-	Log      *slog.Logger
+	Log               *slog.Logger
 }
 
 // Server is a mounted working directory.

@@ -27,8 +27,25 @@ import (
 // are written and fsync'd is the xattr removed, so after a crash the next
 // mount finds exactly the placeholders still pending.
 
-// PendingXattr marks a placeholder; its value is the key of the bytes.
-const PendingXattr = "user.amlfs.pending"
+// The extended attribute that marks a placeholder; its value is the key
+// of the bytes. A daemon running as root uses the trusted namespace, which
+// only root can read or write: in a tree served natively the sandbox's
+// users reach the files directly, and one who could plant a marker on a
+// file of theirs would have a resumed tree fetch any object of the store
+// into it. Without root, the user namespace, which the FUSE loopback
+// hides from the mount's users.
+const (
+	PendingTrustedXattr = "trusted.amlfs.pending"
+	PendingUserXattr    = "user.amlfs.pending"
+)
+
+// PendingXattr is the marker this process reads and writes.
+func PendingXattr() string {
+	if os.Geteuid() == 0 {
+		return PendingTrustedXattr
+	}
+	return PendingUserXattr
+}
 
 type pendingFile struct {
 	key      string
@@ -82,7 +99,7 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 	if err := unix.Ftruncate(fd, te.Size); err != nil {
 		return stamp{}, &os.PathError{Op: "truncate", Path: dst, Err: err}
 	}
-	if err := unix.Fsetxattr(fd, PendingXattr, []byte(key), 0); err != nil {
+	if err := unix.Fsetxattr(fd, PendingXattr(), []byte(key), 0); err != nil {
 		return stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
 	}
 	if err := chownSaved(fd, te); err != nil {
@@ -109,7 +126,7 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 		}
 	case errors.Is(err, unix.EEXIST):
 		buf := make([]byte, len(key)+1)
-		n, xerr := unix.Lgetxattr(dst, PendingXattr, buf)
+		n, xerr := unix.Lgetxattr(dst, PendingXattr(), buf)
 		if xerr != nil || string(buf[:n]) != key {
 			return stamp{}, nil // not ours: leave it
 		}
@@ -129,6 +146,16 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 	return stamp{ino: st.Ino, size: st.Size, mtime: tsOf(st.Mtime), ctime: tsOf(st.Ctime)}, nil
 }
 
+// getMarker reads the marker name of p, or with legacy, if it has none,
+// the older marker old.
+func getMarker(p, name, old string, legacy bool, buf []byte) (int, error) {
+	n, err := unix.Lgetxattr(p, name, buf)
+	if err != nil && legacy && old != name {
+		n, err = unix.Lgetxattr(p, old, buf)
+	}
+	return n, err
+}
+
 // validPendingKey checks a key read back from a placeholder's xattr.
 func validPendingKey(key string) bool {
 	if _, _, ok := splitForeign(key); ok {
@@ -139,8 +166,10 @@ func validPendingKey(key string) bool {
 }
 
 // scanPending rebuilds the pending set of a working tree from placeholder
-// xattrs, after a crash.
-func scanPending(dir string, sel Selection) (*lazyState, error) {
+// xattrs, after a crash. legacy also takes the user-namespace markers a
+// root daemon of an older amlfs wrote: only for a tree no user could
+// reach but through FUSE, which hides them.
+func scanPending(dir string, sel Selection, legacy bool) (*lazyState, error) {
 	l := newLazy(dir)
 	l.dirs = newDirSet(sel)
 	buf := make([]byte, 4096)
@@ -149,7 +178,7 @@ func scanPending(dir string, sel Selection) (*lazyState, error) {
 			return err
 		}
 		if d.IsDir() {
-			n, err := unix.Lgetxattr(p, PendingDirXattr, buf)
+			n, err := getMarker(p, PendingDirXattr(), PendingDirUserXattr, legacy, buf)
 			if err != nil {
 				return nil // populated (ENODATA)
 			}
@@ -162,7 +191,7 @@ func scanPending(dir string, sel Selection) (*lazyState, error) {
 		if !d.Type().IsRegular() {
 			return nil
 		}
-		n, err := unix.Lgetxattr(p, PendingXattr, buf)
+		n, err := getMarker(p, PendingXattr(), PendingUserXattr, legacy, buf)
 		if err != nil {
 			return nil // not a placeholder (ENODATA)
 		}
@@ -244,8 +273,8 @@ func (w *Workspace) lazyState() *lazyState {
 
 // ResumePending finds the placeholders a crashed run left in dir, so that
 // their bytes are fetched before anyone reads or saves them.
-func (w *Workspace) ResumePending(dir string, sel Selection) (int, error) {
-	l, err := scanPending(dir, sel)
+func (w *Workspace) ResumePending(dir string, sel Selection, legacy bool) (int, error) {
+	l, err := scanPending(dir, sel, legacy)
 	if err != nil {
 		return 0, err
 	}
@@ -431,9 +460,10 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	if err := unix.Fremovexattr(int(f.Fd()), PendingXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+	if err := unix.Fremovexattr(int(f.Fd()), PendingXattr()); err != nil && !errors.Is(err, unix.ENODATA) {
 		return err
 	}
+	unix.Fremovexattr(int(f.Fd()), PendingUserXattr) // an older amlfs's marker, if any
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
 	if after, err := fstamp(f); err == nil {
@@ -534,7 +564,7 @@ func (w *Workspace) repoint(moves map[uint64]repointTo) {
 		if syscall.Lstat(p, &st) != nil || st.Ino != ino {
 			continue
 		}
-		if err := unix.Lsetxattr(p, PendingXattr, []byte(m.key), unix.XATTR_REPLACE); err != nil {
+		if err := unix.Lsetxattr(p, PendingXattr(), []byte(m.key), unix.XATTR_REPLACE); err != nil {
 			continue // already fetched: the marker is gone
 		}
 		l.mu.Lock()

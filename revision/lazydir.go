@@ -23,7 +23,7 @@ import (
 // and before any save. So a ready mount costs one mkdir per directory, not
 // one create per file.
 //
-// A directory whose placeholders are not made yet carries PendingDirXattr,
+// A directory whose placeholders are not made yet carries PendingDirXattr(),
 // holding the path of the folder revision it comes from and, after a NUL,
 // the directory's manifest path (it may have moved since); its
 // placeholders' keys are the revision path plus "files/" plus their
@@ -33,8 +33,20 @@ import (
 // Nothing but population ever creates an entry in a marked directory,
 // because every operation in it waits for population first.
 
-// PendingDirXattr marks a directory whose placeholders are still to be made.
-const PendingDirXattr = "user.amlfs.pendingdir"
+// The marker of a directory whose placeholders are still to be made; as
+// root in the trusted namespace, for the reason PendingXattr gives.
+const (
+	PendingDirTrustedXattr = "trusted.amlfs.pendingdir"
+	PendingDirUserXattr    = "user.amlfs.pendingdir"
+)
+
+// PendingDirXattr is the directory marker this process reads and writes.
+func PendingDirXattr() string {
+	if os.Geteuid() == 0 {
+		return PendingDirTrustedXattr
+	}
+	return PendingDirUserXattr
+}
 
 type pendingDir struct {
 	rev      string // folder revision path, "revisions/<seg>/"
@@ -94,7 +106,7 @@ func parentDir(p string) string {
 
 // markDir records dir (absolute, at manifest path orig) as pending.
 func (d *dirSet) markDir(dir, orig, rev string) error {
-	if err := unix.Lsetxattr(dir, PendingDirXattr, []byte(rev+"\x00"+orig), 0); err != nil {
+	if err := unix.Lsetxattr(dir, PendingDirXattr(), []byte(rev+"\x00"+orig), 0); err != nil {
 		return fmt.Errorf("mark directory %s: %w", dir, err)
 	}
 	var st syscall.Stat_t
@@ -217,9 +229,10 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 			return &os.PathError{Op: "utimensat", Path: dir, Err: err}
 		}
 	}
-	if err := unix.Lremovexattr(dir, PendingDirXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+	if err := unix.Lremovexattr(dir, PendingDirXattr()); err != nil && !errors.Is(err, unix.ENODATA) {
 		return err
 	}
+	unix.Lremovexattr(dir, PendingDirUserXattr) // an older amlfs's marker, if any
 	return nil
 }
 

@@ -754,7 +754,7 @@ func TestLazyRestore(t *testing.T) {
 	}
 	// "Crash": a fresh workspace finds the remaining placeholder by xattr.
 	w2 := openWS(t, base, "lazy2", Options{NoLock: true})
-	if n, err := w2.ResumePending(dst, Selection{}); err != nil || n != 1 {
+	if n, err := w2.ResumePending(dst, Selection{}, false); err != nil || n != 1 {
 		t.Fatalf("resume: %d %v", n, err)
 	}
 	w.Prefetch(ctx, 2)
@@ -774,7 +774,7 @@ func TestLazyRestore(t *testing.T) {
 		}
 	}
 	buf := make([]byte, 100)
-	if _, err := unix.Getxattr(filepath.Join(dst, "a/one.txt"), PendingXattr, buf); err == nil {
+	if _, err := unix.Getxattr(filepath.Join(dst, "a/one.txt"), PendingXattr(), buf); err == nil {
 		t.Error("marker left after fetch")
 	}
 }
@@ -872,7 +872,7 @@ func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
 
 	// "Crash": a fresh workspace finds what is left to do by its markers.
 	w2 := openWS(t, base, "lazydir", Options{NoLock: true})
-	if _, err := w2.ResumePending(dst, Selection{}); err != nil {
+	if _, err := w2.ResumePending(dst, Selection{}, false); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"", "moved", "moved/q", "moved/q/r"} {
@@ -880,7 +880,7 @@ func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		buf := make([]byte, 200)
-		if _, err := unix.Lgetxattr(filepath.Join(dst, d), PendingDirXattr, buf); err == nil {
+		if _, err := unix.Lgetxattr(filepath.Join(dst, d), PendingDirXattr(), buf); err == nil {
 			t.Errorf("%q still marked after EnsureDir", d)
 		}
 	}
@@ -931,13 +931,13 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 	for _, e := range w.Index().Revisions {
 		rev = e.Path
 	}
-	if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr, []byte(rev+"\x00d"), 0); err != nil {
+	if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr(), []byte(rev+"\x00d"), 0); err != nil {
 		t.Fatal(err)
 	}
 	os.Remove(filepath.Join(dst, "d/b.txt"))
 	os.WriteFile(filepath.Join(dst, "d/b.txt"), []byte("mine"), 0o644)
 	w2 := openWS(t, base, "idem", Options{NoLock: true})
-	if _, err := w2.ResumePending(dst, Selection{}); err != nil {
+	if _, err := w2.ResumePending(dst, Selection{}, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := w2.EnsureDir(ctx, "d"); err != nil {

@@ -167,6 +167,6 @@ func baseGone(key string) error {
 // isPlaceholder reports whether f is a lazily restored file whose bytes
 // are not fetched yet.
 func isPlaceholder(f *os.File) bool {
-	_, err := unix.Fgetxattr(int(f.Fd()), PendingXattr, nil)
+	_, err := unix.Fgetxattr(int(f.Fd()), PendingXattr(), nil)
 	return err == nil
 }
