@@ -31,12 +31,18 @@ func testCrashRecovery(t *testing.T, newEnv func(*testing.T) *env) {
 	sh(t, mp, `mv data/f1 data/moved && chmod 600 data/f2 && rm repo/a && cd repo && git add -A && echo two > b && git add b && git commit -qm two`)
 	want := treeDigest(t, mp, nil)
 	e.crash(mp)
+	// A FUSE mount is left dead, for the next mount to clean; a native
+	// one its keeper detached.
+	says := []string{"taking over the workspace lease of pid", "resuming unsaved work"}
+	if isMounted(mp) {
+		says = append(says, "stale mount")
+	}
 
 	r := e.mountAt(mp, "crashy")
 	if r.code != 0 {
 		t.Fatalf("mount after the crash: %s", r)
 	}
-	for _, say := range []string{"stale mount", "taking over the workspace lease of pid", "resuming unsaved work"} {
+	for _, say := range says {
 		if !strings.Contains(r.stderr, say) {
 			t.Errorf("the remount does not say %q:\n%s", say, r.stderr)
 		}

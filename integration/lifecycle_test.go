@@ -295,11 +295,12 @@ func (e *env) pid(mp string) int {
 }
 
 // kill kills daemon pid, serving mp, with SIGKILL and waits until the
-// mount it leaves behind is dead.
+// mount it leaves behind is dead (FUSE), or gone (native serving: its
+// keeper detaches it).
 func (e *env) kill(mp string, pid int) {
 	e.t.Helper()
 	syscall.Kill(pid, syscall.SIGKILL)
-	waitFor(e.t, func() bool { return mount.IsDeadMount(mp) })
+	waitFor(e.t, func() bool { return mount.IsDeadMount(mp) || !isMounted(mp) })
 }
 
 func jsonInt(t *testing.T, s, key string) int {

@@ -23,6 +23,7 @@ import (
 	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/metrics"
+	"github.com/amlfs/amlfs/native"
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
@@ -275,7 +276,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	d.registerGauges()
 	ctl, err := d.serveControl()
 	if err != nil {
+		d.unmountLive()
 		d.fs.Unmount(5*time.Second, true)
+		d.fs.Close()
 		d.cleanupFailedStart(ctx)
 		return err
 	}
@@ -714,6 +717,11 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		}
 	}
 	d.setPhase("releasing")
+	if n, ok := d.fs.(*native.Server); ok && n.Detached() && n.Pending() > 0 {
+		// Processes still hold the detached mount's files open: give
+		// them every placeholder's bytes before the daemon goes.
+		d.ws.Prefetch(ctx, max(d.cfg.Prefetch, 4))
+	}
 	d.fs.Close()
 	for _, c := range d.closers {
 		c()

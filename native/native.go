@@ -88,6 +88,9 @@ type Server struct {
 	// counted after the mark it follows.
 	fmu   sync.Mutex
 	armed bool // GUARDED_BY(fmu)
+	// detached is set once Unmount had to detach a busy mount: processes
+	// may still hold placeholders open.
+	detached atomic.Bool
 }
 
 // MinKernel is the first Linux with fanotify pre-content events.
@@ -536,6 +539,7 @@ func (s *Server) Unmount(wait time.Duration, lazy bool) error {
 			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
 				return &os.PathError{Op: "umount", Path: mp, Err: err}
 			}
+			s.detached.Store(true)
 			s.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", mp)
 			return nil
 		}
@@ -561,13 +565,24 @@ func (s *Server) Close() {
 	}
 	s.wg.Wait()
 	if s.keeper != nil {
-		s.keeper.stop()
-		if s.opts.KeeperPID != "" {
-			os.Remove(s.opts.KeeperPID)
+		if s.detached.Load() && s.marked.Load() > 0 {
+			// A process may still read a placeholder through the
+			// detached mount: the keeper answers it EIO, as if the
+			// daemon had died, until the next mount of the workspace.
+			s.log.Warn("placeholders not fetched are still open through the detached mount; the keeper answers their reads with EIO", "op", "unmount", "path", s.opts.Mountpoint, "files", s.marked.Load())
+			s.keeper.bye.Close()
+		} else {
+			s.keeper.stop()
+			if s.opts.KeeperPID != "" {
+				os.Remove(s.opts.KeeperPID)
+			}
 		}
 	}
 	s.closeFDs()
 }
+
+// Detached reports whether Unmount had to detach a busy mount.
+func (s *Server) Detached() bool { return s.detached.Load() }
 
 func (s *Server) closeFDs() {
 	for _, fd := range []*int{&s.hsm, &s.notify, &s.stop[0], &s.stop[1]} {
