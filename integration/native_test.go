@@ -104,6 +104,12 @@ func testNativeLazyRestore(t *testing.T, newEnv func(*testing.T) *env) {
 			t.Fatalf("%s: read %d bytes that differ from the saved ones", name, len(got))
 		}
 	}
+	// A tool call reads through the mount from the daemon's own
+	// process: its access must be filled too, never let through.
+	r := h.amlfs("tool", mp2, "read_file", `{"path":"d4/f49.txt"}`)
+	if r.code != 0 || !strings.Contains(r.stdout, "line 49 of file 49") {
+		t.Fatalf("read_file of a placeholder: %s", r)
+	}
 	// mmap, with no read(2) at all.
 	f, err := os.Open(filepath.Join(mp2, "mmap.bin"))
 	must(t, err)

@@ -103,6 +103,7 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 	if err := unix.Setxattr(d.workDir, fuse.ControlXattr, []byte(SocketPath(cfg.Mountpoint)), 0); err != nil {
 		log.Debug("name the control socket on the root", "err", err)
 	}
+	d.ws.FillOnAccess()
 	srv, err := native.Mount(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, Pending: revision.PendingXattr(),
 		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
 		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")})

@@ -34,7 +34,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Content fills placeholders.
+// Content fills placeholders. Its own fetches (a prefetch) must reach a
+// placeholder by reading it, so that the event they raise is the one
+// that fills it: a pre-content event is raised for the daemon's own
+// accesses too, and none is let through unfilled.
 type Content interface {
 	// FillFile writes the bytes of the placeholder open as f in place;
 	// it returns nil at once if f is not a placeholder (any more).
@@ -77,7 +80,7 @@ type Server struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	marked  atomic.Int64 // placeholders still marked
-	self    int32
+	self    int32        // this process, whose own changes are not counted
 	keeper  *keeper
 	// armed is set once Mark has marked every directory and read the
 	// count a save starts from: the first change seen then removes every
@@ -352,13 +355,6 @@ func (s *Server) serveHSM() {
 				break
 			}
 			if m.Fd < 0 {
-				continue
-			}
-			if m.Pid == s.self {
-				// The daemon's own access (a prefetch writing the
-				// bytes): it needs no bytes first.
-				s.respond(m.Fd, unix.FAN_ALLOW)
-				unix.Close(int(m.Fd))
 				continue
 			}
 			s.wg.Add(1)

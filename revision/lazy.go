@@ -308,7 +308,71 @@ func (w *Workspace) Ensure(ctx context.Context, rel string) error {
 }
 
 func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path string) error {
+	w.lmu.Lock()
+	onAccess := w.onAccess
+	w.lmu.Unlock()
+	if onAccess {
+		if err := w.access(l, ino, path); err != nil {
+			// Never fall back to a fill by path here: its write would
+			// wait on the very event it raises.
+			l.mu.Lock()
+			_, gone := l.gone[ino]
+			pf := l.pending[ino]
+			l.mu.Unlock()
+			if gone {
+				return w.goneErr(pf)
+			}
+			return err
+		}
+	}
 	return w.fetchWith(ctx, l, ino, path, func(ctx context.Context, pf pendingFile) error { return w.fill(ctx, l, pf, ino, path) })
+}
+
+// FillOnAccess makes the workspace's own fetches (prefetch, a save) go
+// through the mount's pre-content events, as any reader's do: the daemon
+// reads one byte of the placeholder, and the event's handler fills it
+// (FillFile). Native serving needs it: a write to a placeholder by path
+// would itself wait on a pre-content event, and an access of the
+// daemon's own must not be let through unfilled (a tool call reading a
+// placeholder through the mount).
+func (w *Workspace) FillOnAccess() {
+	w.lmu.Lock()
+	w.onAccess = true
+	w.lmu.Unlock()
+}
+
+// access reads the first byte of the pending placeholder ino at path,
+// below the working directory, so that its pre-content event fills it.
+// A placeholder still pending after it (one no mark covers) is left to
+// the fill by path, which then raises no event.
+func (w *Workspace) access(l *lazyState, ino uint64, path string) error {
+	l.mu.Lock()
+	pf, ok := l.pending[ino]
+	l.mu.Unlock()
+	if !ok || pf.size == 0 {
+		return nil
+	}
+	rel, err := relTo(l.dir, path)
+	if err != nil {
+		return err
+	}
+	f, err := openBeneath(l.dir, rel, os.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Ino != ino {
+		return fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", path, st.Ino, ino)
+	}
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], 0); err != nil && err != io.EOF {
+		return err
+	}
+	return nil
 }
 
 // fetchWith is fetch with the fill to run: into a file named path, or
@@ -426,6 +490,12 @@ func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino 
 	return w.fillFile(ctx, pf, ino, f)
 }
 
+// goneErr is the error of a placeholder whose bytes another writer pruned.
+func (w *Workspace) goneErr(pf pendingFile) error {
+	rev, _, _ := strings.Cut(pf.key, "files/")
+	return amlerr.New(amlerr.BaseRevisionGone, pf.key, "the bytes of %s are gone from %s: revision %s was pruned, most likely by another writer, before this lazily restored file was fetched", pf.origPath, w.store, strings.TrimSuffix(strings.TrimPrefix(rev, "revisions/"), "/"))
+}
+
 // fillFile writes a placeholder's bytes into f, checks their count, makes
 // them durable, then clears the marker.
 func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File) error {
@@ -438,8 +508,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 	}
 	r, err := w.store.Open(ctx, pf.key)
 	if errors.Is(err, ErrNotExist) {
-		rev, _, _ := strings.Cut(pf.key, "files/")
-		return amlerr.New(amlerr.BaseRevisionGone, pf.key, "the bytes of %s are gone from %s: revision %s was pruned, most likely by another writer, before this lazily restored file was fetched", pf.origPath, w.store, strings.TrimSuffix(strings.TrimPrefix(rev, "revisions/"), "/"))
+		return w.goneErr(pf)
 	}
 	if err != nil {
 		return err

@@ -65,6 +65,9 @@ type Workspace struct {
 	lazy *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
 	// onFilled is told of each placeholder just filled (GUARDED_BY(lmu)).
 	onFilled func(f *os.File)
+	// onAccess: fetch by reading, so that a pre-content event's handler
+	// fills (FillOnAccess; GUARDED_BY(lmu)).
+	onAccess bool
 	version  string // GUARDED_BY(mu, imu); the index version observed
 	lease    Lease
 	// expect, once set, is the revision the tree was restored from: a
