@@ -67,6 +67,24 @@ func serveOf(t *testing.T, e *env, mp string) string {
 	return ""
 }
 
+// lazyNative saves nativeTree from a native mount of e, and mounts it
+// natively on another host (a fresh cache dir) with no prefetch, so that
+// every file is a placeholder until it is used.
+func lazyNative(t *testing.T, e *env) (want map[string][]byte, h *env, mp string) {
+	t.Helper()
+	needNative(t, e)
+	mp = e.mount("native", "--serve", "native")
+	if s := serveOf(t, e, mp); s != "native" {
+		t.Fatalf("serving %s, want native", s)
+	}
+	want = nativeTree(t, mp)
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	h = e.host(t)
+	return want, h, h.mount("native", "--serve", "native", "--prefetch", "0")
+}
+
 // Every way to reach a placeholder's bytes gives the right bytes: read,
 // mmap, exec, append, truncate; reads count as no change; the save after
 // them publishes exactly the tree. On both stores.
@@ -74,20 +92,7 @@ func TestNativeLazyRestore(t *testing.T) { forEachStore(t, testNativeLazyRestore
 
 func testNativeLazyRestore(t *testing.T, newEnv func(*testing.T) *env) {
 	e := newEnv(t)
-	needNative(t, e)
-	mp := e.mount("native", "--serve", "native")
-	if s := serveOf(t, e, mp); s != "native" {
-		t.Fatalf("serving %s, want native", s)
-	}
-	want := nativeTree(t, mp)
-	if r := e.unmount(mp); r.code != 0 {
-		t.Fatalf("save: %s", r)
-	}
-
-	// Another host: a fresh cache dir, no prefetch, so every file is a
-	// placeholder until it is used.
-	h := e.host(t)
-	mp2 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	want, h, mp2 := lazyNative(t, e)
 	st := h.amlfs("status", mp2, "--json").stdout
 	if n := jsonInt(t, st, "pendingFiles"); n != len(want) {
 		t.Fatalf("%d pending files, want %d: %s", n, len(want), st)
@@ -176,14 +181,7 @@ func checkTree(t *testing.T, mp string, want map[string][]byte) {
 // store makes the reader wait for the right bytes.
 func TestNativeStoreFails(t *testing.T) {
 	e, px := faultyS3Env(t)
-	needNative(t, e)
-	mp := e.mount("native", "--serve", "native")
-	want := nativeTree(t, mp)
-	if r := e.unmount(mp); r.code != 0 {
-		t.Fatalf("save: %s", r)
-	}
-	h := e.host(t)
-	mp2 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	want, _, mp2 := lazyNative(t, e)
 	files := func(r *http.Request) bool { return isGet(r) && strings.Contains(r.URL.Path, "/files/") }
 	px.set(&fault{kind: faultLatency, match: files, delay: 2 * time.Second})
 	start := time.Now()
@@ -222,15 +220,7 @@ func errorsIs(err error, target syscall.Errno) bool {
 // the mount and answers EIO to a placeholder still open, and the next
 // mount resumes the tree with every byte right.
 func TestNativeCrash(t *testing.T) {
-	e := newEnv(t)
-	needNative(t, e)
-	mp := e.mount("native", "--serve", "native")
-	want := nativeTree(t, mp)
-	if r := e.unmount(mp); r.code != 0 {
-		t.Fatalf("save: %s", r)
-	}
-	h := e.host(t)
-	mp2 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	want, h, mp2 := lazyNative(t, newEnv(t))
 	f, err := os.Open(filepath.Join(mp2, "big.bin"))
 	must(t, err)
 	defer f.Close()

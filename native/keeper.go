@@ -107,17 +107,12 @@ func RunKeeper(args []string) int {
 		if err != nil || n == 0 {
 			return 1
 		}
-		for off := 0; off+metaLen <= n; {
-			m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&ev[off]))
-			if m.Event_len < uint32(metaLen) {
-				break
-			}
-			off += int(m.Event_len)
+		eachEvent(ev[:n], func(m *unix.FanotifyEventMetadata) {
 			if m.Fd >= 0 {
 				deny(group, m.Fd)
 				unix.Close(int(m.Fd))
 			}
-		}
+		})
 	}
 }
 

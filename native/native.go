@@ -335,12 +335,25 @@ const metaLen = int(unsafe.Sizeof(unix.FanotifyEventMetadata{}))
 // here until its bytes are written.
 func (s *Server) serveHSM() {
 	defer s.wg.Done()
+	s.events(s.hsm, func(m *unix.FanotifyEventMetadata) {
+		if m == nil || m.Fd < 0 {
+			return // a batch's end, or an event with no file
+		}
+		s.wg.Add(1)
+		go s.fill(m.Fd)
+	})
+}
+
+// events reads the events of group fd until the server stops, handing
+// each batch's events to fn in order; fn is told of each batch's end by
+// a nil event.
+func (s *Server) events(fd int, fn func(*unix.FanotifyEventMetadata)) {
 	buf := make([]byte, 64<<10)
 	for {
-		if _, ok := s.waitReadable(s.hsm, unix.POLLIN); !ok {
+		if _, ok := s.waitReadable(fd, unix.POLLIN); !ok {
 			return
 		}
-		n, err := unix.Read(s.hsm, buf)
+		n, err := unix.Read(fd, buf)
 		if err == unix.EAGAIN || err == unix.EINTR {
 			continue
 		}
@@ -348,18 +361,20 @@ func (s *Server) serveHSM() {
 			s.log.Error("read fanotify events", "op", "fanotify", "path", s.opts.Mountpoint, "err", err)
 			return
 		}
-		for off := 0; off+metaLen <= n; {
-			m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
-			off += int(m.Event_len)
-			if m.Event_len < uint32(metaLen) {
-				break
-			}
-			if m.Fd < 0 {
-				continue
-			}
-			s.wg.Add(1)
-			go s.fill(m.Fd)
+		eachEvent(buf[:n], fn)
+		fn(nil)
+	}
+}
+
+// eachEvent calls fn with each event in buf.
+func eachEvent(buf []byte, fn func(*unix.FanotifyEventMetadata)) {
+	for off := 0; off+metaLen <= len(buf); {
+		m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
+		if m.Event_len < uint32(metaLen) {
+			return
 		}
+		off += int(m.Event_len)
+		fn(&m)
 	}
 }
 
@@ -391,44 +406,27 @@ func (s *Server) respond(fd int32, resp uint32) {
 // made before that is a change anyway, since making the directory was.
 func (s *Server) serveNotify() {
 	defer s.wg.Done()
-	buf := make([]byte, 64<<10)
-	for {
-		if _, ok := s.waitReadable(s.notify, unix.POLLIN); !ok {
+	counted := false
+	s.events(s.notify, func(m *unix.FanotifyEventMetadata) {
+		if m == nil {
+			counted = false // the next batch
 			return
 		}
-		n, err := unix.Read(s.notify, buf)
-		if err == unix.EAGAIN || err == unix.EINTR {
-			continue
+		if m.Fd >= 0 {
+			unix.Close(int(m.Fd))
 		}
-		if err != nil {
-			s.log.Error("read fanotify events", "op", "fanotify", "path", s.opts.Mountpoint, "err", err)
-			return
+		if counted || (m.Pid == s.self && m.Mask&unix.FAN_Q_OVERFLOW == 0) {
+			return // counted, or the daemon's own: a fetch, a lease
 		}
-		counted := false
-		for off := 0; off+metaLen <= n; {
-			m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
-			off += int(m.Event_len)
-			if m.Event_len < uint32(metaLen) {
-				break
-			}
-			if m.Fd >= 0 {
-				unix.Close(int(m.Fd))
-			}
-			if m.Pid == s.self && m.Mask&unix.FAN_Q_OVERFLOW == 0 {
-				continue // the daemon's own: a fetch, a lease
-			}
-			if !counted {
-				counted = true
-				s.fmu.Lock()
-				if s.armed {
-					unix.FanotifyMark(s.notify, unix.FAN_MARK_FLUSH, 0, unix.AT_FDCWD, "")
-					s.armed = false
-				}
-				s.changes.Add(1)
-				s.fmu.Unlock()
-			}
+		counted = true
+		s.fmu.Lock()
+		if s.armed {
+			unix.FanotifyMark(s.notify, unix.FAN_MARK_FLUSH, 0, unix.AT_FDCWD, "")
+			s.armed = false
 		}
-	}
+		s.changes.Add(1)
+		s.fmu.Unlock()
+	})
 }
 
 // watchMounts notices the mount going away (an external umount).
