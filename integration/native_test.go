@@ -251,9 +251,26 @@ func TestNativeCrash(t *testing.T) {
 	if r := h.unmount(mp3); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
-	if out, _ := exec.Command("pgrep", "-f", "internal-native-keeper "+mp2).Output(); len(out) > 0 {
-		t.Errorf("a keeper outlived its clean unmount: pid %s", out)
+	if keeperRuns(mp2) {
+		t.Errorf("a keeper outlived its clean unmount")
 	}
+	// A crash with no file held open: the keeper finds no process using
+	// the detached mount and exits by itself.
+	mp4 := h.mount("native", "--serve", "native", "--prefetch", "0")
+	h.crash(mp4)
+	deadline = time.Now().Add(40 * time.Second)
+	for keeperRuns(mp4) && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if keeperRuns(mp4) {
+		t.Errorf("the keeper of a dead daemon still runs with no file of its mount open")
+	}
+}
+
+// keeperRuns reports whether a keeper for mountpoint mp runs.
+func keeperRuns(mp string) bool {
+	out, _ := exec.Command("pgrep", "-f", "internal-native-keeper "+mp+" ").Output()
+	return len(out) > 0
 }
 
 // An external umount is noticed: the daemon saves and exits.

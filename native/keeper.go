@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unsafe"
@@ -19,8 +20,9 @@ import (
 // lives the keeper only waits. If the daemon dies without saying goodbye,
 // the keeper detaches the mount and answers every pre-content event with
 // EIO, so that a process still holding a placeholder open gets an error,
-// never zeros, until the next mount of the workspace takes the tree over
-// and stops the keeper.
+// never zeros. It exits once no process holds a file of the detached
+// mount open any more, or when the next mount of the workspace takes the
+// tree over and stops it.
 
 // KeeperArg is the hidden command the amlfs binary runs the keeper as.
 const KeeperArg = "internal-native-keeper"
@@ -98,22 +100,60 @@ func RunKeeper(args []string) int {
 		deny(group, int32(fd))
 	}
 	unix.SetNonblock(group, false)
-	ev := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(group, ev)
-		if err == unix.EINTR || err == unix.EAGAIN {
+	go func() {
+		ev := make([]byte, 64<<10)
+		for {
+			n, err := unix.Read(group, ev)
+			if err == unix.EINTR || err == unix.EAGAIN {
+				continue
+			}
+			if err != nil || n == 0 {
+				os.Exit(1)
+			}
+			eachEvent(ev[:n], func(m *unix.FanotifyEventMetadata) {
+				if m.Fd >= 0 {
+					deny(group, m.Fd)
+					unix.Close(int(m.Fd))
+				}
+			})
+		}
+	}()
+	// Once no process holds a file of the detached mount open, nothing
+	// can reach a placeholder through it: the keeper's work is done.
+	for idle := 0; idle < 2; {
+		time.Sleep(keeperPoll)
+		if mountInUse(id) {
+			idle = 0
+		} else {
+			idle++
+		}
+	}
+	return 0
+}
+
+// keeperPoll is how often a keeper whose daemon died looks for processes
+// still using the detached mount.
+const keeperPoll = 5 * time.Second
+
+// mountInUse reports whether any process has a file open on the mount
+// with id, from the mnt_id line of every /proc/PID/fdinfo/FD.
+func mountInUse(id uint64) bool {
+	want := fmt.Sprintf("mnt_id:\t%d\n", id)
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
 			continue
 		}
-		if err != nil || n == 0 {
-			return 1
-		}
-		eachEvent(ev[:n], func(m *unix.FanotifyEventMetadata) {
-			if m.Fd >= 0 {
-				deny(group, m.Fd)
-				unix.Close(int(m.Fd))
+		dir := "/proc/" + p.Name() + "/fdinfo"
+		fds, _ := os.ReadDir(dir)
+		for _, fd := range fds {
+			data, err := os.ReadFile(dir + "/" + fd.Name())
+			if err == nil && strings.Contains(string(data), want) {
+				return true
 			}
-		})
+		}
 	}
+	return false
 }
 
 func deny(group int, fd int32) {

@@ -314,11 +314,12 @@ func mountID(p string) (uint64, error) {
 	return st.Mnt_id, nil
 }
 
-// waitReadable polls fd and the stop pipe; false once stopped.
-func (s *Server) waitReadable(fd int, events int16) (int16, bool) {
+// waitReadable polls fd and the stop pipe, for up to timeout ms (-1: no
+// bound); false once stopped.
+func (s *Server) waitReadable(fd int, events int16, timeout int) (int16, bool) {
 	for {
 		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(s.stop[0]), Events: unix.POLLIN}}
-		_, err := unix.Poll(pfd, -1)
+		_, err := unix.Poll(pfd, timeout)
 		if err == unix.EINTR {
 			continue
 		}
@@ -350,7 +351,7 @@ func (s *Server) serveHSM() {
 func (s *Server) events(fd int, fn func(*unix.FanotifyEventMetadata)) {
 	buf := make([]byte, 64<<10)
 	for {
-		if _, ok := s.waitReadable(fd, unix.POLLIN); !ok {
+		if _, ok := s.waitReadable(fd, unix.POLLIN, -1); !ok {
 			return
 		}
 		n, err := unix.Read(fd, buf)
@@ -443,7 +444,10 @@ func (s *Server) watchMounts() {
 			s.once.Do(func() { close(s.gone) })
 			return
 		}
-		if _, ok := s.waitReadable(int(f.Fd()), unix.POLLPRI); !ok {
+		// The kernel signals the change as the umount starts, and a
+		// check made at once may still find the mount: the wait is
+		// bounded, so that such a change is seen a second later anyway.
+		if _, ok := s.waitReadable(int(f.Fd()), unix.POLLPRI, 1000); !ok {
 			return
 		}
 		// Reading to the end re-arms the POLLPRI signal.
