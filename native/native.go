@@ -122,7 +122,7 @@ func Supported(dir string) (bool, string) {
 	defer unix.Close(fd)
 	// A scratch file on the cache disk: the file system must take the
 	// marks placeholders get.
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil { // the cache dir: private
 		return false, err.Error()
 	}
 	f, err := os.CreateTemp(dir, ".amlfs-probe-")
