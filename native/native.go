@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -96,8 +97,8 @@ type Server struct {
 	detached atomic.Bool
 }
 
-// MinKernel is the first Linux with fanotify pre-content events.
-var MinKernel = [2]int{6, 14}
+// The first Linux with fanotify pre-content events.
+const minMajor, minMinor = 6, 14
 
 // Supported says whether native serving can run here for a working
 // directory in dir, and if not, why.
@@ -109,8 +110,8 @@ func Supported(dir string) (bool, string) {
 	rel := unix.ByteSliceToString(u.Release[:])
 	var maj, min int
 	fmt.Sscanf(rel, "%d.%d", &maj, &min)
-	if maj < MinKernel[0] || (maj == MinKernel[0] && min < MinKernel[1]) {
-		return false, fmt.Sprintf("Linux %s has no fanotify pre-content events (%d.%d and later have)", rel, MinKernel[0], MinKernel[1])
+	if maj < minMajor || (maj == minMajor && min < minMinor) {
+		return false, fmt.Sprintf("Linux %s has no fanotify pre-content events (%d.%d and later have)", rel, minMajor, minMinor)
 	}
 	if os.Geteuid() != 0 {
 		return false, "a bind mount and fanotify pre-content events need root (CAP_SYS_ADMIN)"
@@ -169,7 +170,7 @@ func Mount(opts Options) (*Server, error) {
 		opts.Content.OnFilled(s.unmark)
 	}
 	start := time.Now()
-	dirs, files, err := s.markTree()
+	dirs, files, err := s.markTree(opts.Content != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -202,20 +203,20 @@ func Mount(opts Options) (*Server, error) {
 const dirMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
 	unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF | unix.FAN_ONDIR | unix.FAN_EVENT_ON_CHILD
 
-// markTree marks every directory for changes and every placeholder for
-// pre-content events, opening each below the root with no symlink
-// followed.
-func (s *Server) markTree() (dirs, files int, err error) {
+// markTree marks every directory for changes and, with placeholders,
+// every placeholder for pre-content events, opening each below the root
+// with no symlink followed.
+func (s *Server) markTree(placeholders bool) (dirs, files int, err error) {
 	root, err := unix.Open(s.opts.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return 0, 0, &os.PathError{Op: "open", Path: s.opts.Dir, Err: err}
 	}
-	return s.markDir(root, s.opts.Dir)
+	return s.markDir(root, s.opts.Dir, placeholders)
 }
 
 // markDir marks the directory open as fd (and closes it) and what is
 // below it.
-func (s *Server) markDir(fd int, name string) (dirs, files int, err error) {
+func (s *Server) markDir(fd int, name string, placeholders bool) (dirs, files int, err error) {
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	if err := unix.FanotifyMark(s.notify, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, dirMask, fd, ""); err != nil {
@@ -236,12 +237,12 @@ func (s *Server) markDir(fd int, name string) (dirs, files int, err error) {
 				}
 				return 0, 0, &os.PathError{Op: "open", Path: filepath.Join(name, e.Name()), Err: err}
 			}
-			d, f, err := s.markDir(cfd, filepath.Join(name, e.Name()))
+			d, f, err := s.markDir(cfd, filepath.Join(name, e.Name()), placeholders)
 			if err != nil {
 				return 0, 0, err
 			}
 			dirs, files = dirs+d, files+f
-		case e.Type().IsRegular() && s.opts.Content != nil:
+		case e.Type().IsRegular() && placeholders:
 			// Not O_PATH: fanotify_mark takes no O_PATH descriptor.
 			// Opening reads nothing, so it raises no event.
 			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
@@ -452,11 +453,7 @@ func (s *Server) watchMounts() {
 		}
 		// Reading to the end re-arms the POLLPRI signal.
 		f.Seek(0, 0)
-		for b := make([]byte, 64<<10); ; {
-			if n, _ := f.Read(b); n == 0 {
-				break
-			}
-		}
+		io.Copy(io.Discard, f)
 	}
 }
 
@@ -482,7 +479,7 @@ func (s *Server) Mark() int64 {
 	s.fmu.Lock()
 	s.armed = false
 	s.fmu.Unlock()
-	if _, _, err := s.markDirsOnly(); err != nil {
+	if _, _, err := s.markTree(false); err != nil {
 		s.log.Warn("mark the tree's directories; the tree counts as changed", "op", "fanotify", "path", s.opts.Dir, "err", err)
 		s.changes.Add(1)
 	}
@@ -490,13 +487,6 @@ func (s *Server) Mark() int64 {
 	defer s.fmu.Unlock()
 	s.armed = true
 	return s.changes.Load()
-}
-
-func (s *Server) markDirsOnly() (int, int, error) {
-	saved := s.opts.Content
-	s.opts.Content = nil
-	defer func() { s.opts.Content = saved }()
-	return s.markTree()
 }
 
 // Pending is the number of placeholders still marked.
@@ -545,16 +535,17 @@ func (s *Server) Unmount(wait time.Duration, lazy bool) error {
 	}
 }
 
-// shutdown stops the loops; the groups stay open until Close, so a file a
-// process still holds open after a lazy detach keeps its marks.
+// shutdown makes Wait return. The loops and the groups stay until Close,
+// so a file a process still holds open after a lazy detach is still
+// filled on access.
 func (s *Server) shutdown() {
 	s.once.Do(func() { close(s.gone) })
 }
 
-// Close ends the event loops and closes the groups. Placeholders still
-// marked then read as zeros through descriptors still open after a lazy
-// detach: Close comes after the save, which fetched nothing it did not
-// need, so the daemon closes only as it exits.
+// Close ends the event loops and closes the groups. The keeper goes too,
+// unless a lazy detach left placeholders that processes may still read:
+// then the keeper stays, answering their reads with EIO, until no process
+// holds a file of the mount open.
 func (s *Server) Close() {
 	s.cancel()
 	if s.stop[1] >= 0 {
