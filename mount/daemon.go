@@ -317,6 +317,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if cfg.ID == "" {
 		return invalid("", "--id is required here")
 	}
+	// How to serve depends on the flags and the host only: settled (or
+	// refused) before the store is touched or a lease taken.
+	if err := d.chooseServe(); err != nil {
+		return err
+	}
 	store, err := OpenStore(ctx, cfg.Store, cfg.S3, cfg.ID)
 	if err != nil {
 		return err
@@ -348,9 +353,6 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.workDir = filepath.Join(filepath.Dir(slot.Name()), workDirName)
 	d.state = filepath.Join(filepath.Dir(slot.Name()), stateFile)
-	if err := d.chooseServe(); err != nil {
-		return err
-	}
 	d.setPhase("restoring")
 	if err := d.prepareWorkDir(ctx); err != nil {
 		return err
@@ -378,11 +380,10 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.fs = fsys
+	mark := fsys.Mark() // natively, a walk of the tree: not under mu
 	d.mu.Lock()
 	if d.baseMark != -1 {
-		d.baseMark = fsys.Mark()
-	} else {
-		fsys.Mark()
+		d.baseMark = mark
 	}
 	d.phase = "serving"
 	d.mu.Unlock()

@@ -56,11 +56,7 @@ func (d *Daemon) chooseServe() error {
 	}
 	why := nativeBlocker(cfg)
 	if why == "" {
-		var ok bool
-		ok, why = native.Supported(cfg.CacheDir)
-		if ok {
-			why = ""
-		}
+		_, why = native.Supported(cfg.CacheDir) // "" where it can run
 	}
 	switch {
 	case why == "":
