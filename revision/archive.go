@@ -22,6 +22,11 @@ import (
 // gone by the time they were read.
 func WriteArchive(w io.Writer, dir string, entries []TreeEntry, lim Limits) (int64, []TreeEntry, error) {
 	lim = lim.orDefault()
+	t, err := openTree(dir)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer t.Close()
 	cw := &countingWriter{w: w, limit: lim.ArchiveBytes}
 	gz := gzip.NewWriter(cw)
 	tw := tar.NewWriter(gz)
@@ -46,7 +51,7 @@ func WriteArchive(w io.Writer, dir string, entries []TreeEntry, lim Limits) (int
 				return cw.n, nil, err
 			}
 		case TypeFile:
-			stp, gone, err := writeTarFile(tw, hdr, dir, e.Path, &sp)
+			stp, gone, err := writeTarFile(tw, hdr, t, e.Path, &sp)
 			if err != nil {
 				return cw.n, nil, err
 			}
@@ -94,8 +99,8 @@ func (s *spool) close() {
 	}
 }
 
-func writeTarFile(tw *tar.Writer, hdr *tar.Header, root, rel string, sp *spool) (stamp, bool, error) {
-	f, gone, err := openSaved(root, rel)
+func writeTarFile(tw *tar.Writer, hdr *tar.Header, t *tree, rel string, sp *spool) (stamp, bool, error) {
+	f, gone, err := openSaved(t, rel)
 	if err != nil || gone {
 		return stamp{}, gone, err
 	}

@@ -22,20 +22,38 @@ import (
 // mount a user could not make anyway (RESOLVE_NO_XDEV).
 const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
-// openBeneath opens rel (slash-separated, "" for the root itself) under the
-// directory root. O_NOFOLLOW and O_NONBLOCK are always added: a fifo a
-// user planted must not block the daemon.
-func openBeneath(root, rel string, flags int) (*os.File, error) {
-	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: root, Err: err}
-	}
-	defer unix.Close(rfd)
-	return openAt(rfd, root, rel, flags)
+// tree is a working tree's root, open (O_PATH) for paths to be opened
+// beneath it.
+type tree struct {
+	fd  int
+	dir string
 }
 
-// openAt is openBeneath from an open root descriptor.
-func openAt(rfd int, root, rel string, flags int) (*os.File, error) {
+func openTree(dir string) (*tree, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	return &tree{fd: fd, dir: dir}, nil
+}
+
+func (t *tree) Close() { unix.Close(t.fd) }
+
+// openBeneath opens rel under the directory root, for one file (a tree
+// opened once serves many: tree.open).
+func openBeneath(root, rel string, flags int) (*os.File, error) {
+	t, err := openTree(root)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	return t.open(rel, flags)
+}
+
+// open opens rel (slash-separated, "" for the root itself) beneath the
+// root. O_NOFOLLOW and O_NONBLOCK are always added: a fifo a user planted
+// must not block the daemon.
+func (t *tree) open(rel string, flags int) (*os.File, error) {
 	name := rel
 	if name == "" {
 		name = "."
@@ -45,7 +63,7 @@ func openAt(rfd int, root, rel string, flags int) (*os.File, error) {
 	// EAGAIN: a rename raced the resolution; retried a bounded number
 	// of times, so a user renaming in a loop cannot hold the daemon.
 	for range 64 {
-		fd, err = unix.Openat2(rfd, name, &unix.OpenHow{
+		fd, err = unix.Openat2(t.fd, name, &unix.OpenHow{
 			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK),
 			Resolve: beneath,
 		})
@@ -53,11 +71,18 @@ func openAt(rfd int, root, rel string, flags int) (*os.File, error) {
 			break
 		}
 	}
-	p := filepath.Join(root, filepath.FromSlash(rel))
+	p := filepath.Join(t.dir, filepath.FromSlash(rel))
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: p, Err: err}
 	}
 	return os.NewFile(uintptr(fd), p), nil
+}
+
+// changedUnder reports whether err, from opening a path beneath a tree,
+// means the tree changed under the reader: the path is gone, or one of its
+// directories was swapped for a symlink or a file.
+func changedUnder(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV)
 }
 
 // relTo is path's slash-separated path below root, or an error if path is

@@ -34,17 +34,21 @@ import (
 // file of theirs would have a resumed tree fetch any object of the store
 // into it. Without root, the user namespace, which the FUSE loopback
 // hides from the mount's users.
-const (
-	PendingTrustedXattr = "trusted.amlfs.pending"
-	PendingUserXattr    = "user.amlfs.pending"
-)
+//
+// PendingUserXattr is the name in the user namespace, which an older
+// amlfs used as root too.
+const PendingUserXattr = "user.amlfs.pending"
 
 // PendingXattr is the marker this process reads and writes.
-func PendingXattr() string {
+func PendingXattr() string { return markerXattr(PendingUserXattr) }
+
+// markerXattr is amlfs's marker of user-namespace name user as this
+// process uses it: in the trusted namespace when it runs as root.
+func markerXattr(user string) string {
 	if os.Geteuid() == 0 {
-		return PendingTrustedXattr
+		return "trusted." + strings.TrimPrefix(user, "user.")
 	}
-	return PendingUserXattr
+	return user
 }
 
 type pendingFile struct {
@@ -352,21 +356,13 @@ func (w *Workspace) access(l *lazyState, ino uint64, path string) error {
 	if !ok || pf.size == 0 {
 		return nil
 	}
-	rel, err := relTo(l.dir, path)
-	if err != nil {
-		return err
-	}
-	f, err := openBeneath(l.dir, rel, os.O_RDONLY)
+	f, err := l.open(path, os.O_RDONLY)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+	if _, err := isPending(f, ino); err != nil {
 		return err
-	}
-	if st.Ino != ino {
-		return fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", path, st.Ino, ino)
 	}
 	var b [1]byte
 	if _, err := f.ReadAt(b[:], 0); err != nil && err != io.EOF {
@@ -474,20 +470,38 @@ func shareCall(ctx context.Context, mu *sync.Mutex, calls map[uint64]*fetchCall,
 	return c.err
 }
 
-// fill writes a placeholder's bytes in place, opening it below the
-// working directory with no symlink followed (a user of a natively served
-// tree can swap any directory for one).
+// fill writes a placeholder's bytes in place, opening it by path
+// (lazyState.open).
 func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino uint64, path string) error {
-	rel, err := relTo(l.dir, path)
-	if err != nil {
-		return err
-	}
-	f, err := openBeneath(l.dir, rel, os.O_WRONLY)
+	f, err := l.open(path, os.O_WRONLY)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	return w.fillFile(ctx, pf, ino, f)
+}
+
+// open opens path, below the working directory, with no symlink followed
+// (a user of a natively served tree can swap any directory for one).
+func (l *lazyState) open(path string, flags int) (*os.File, error) {
+	rel, err := relTo(l.dir, path)
+	if err != nil {
+		return nil, err
+	}
+	return openBeneath(l.dir, rel, flags)
+}
+
+// isPending checks that f is still the placeholder ino: a regular file of
+// that inode, not whatever was put at its path since. It returns f's stat.
+func isPending(f *os.File, ino uint64) (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return st, err
+	}
+	if st.Ino != ino || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return st, fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", f.Name(), st.Ino, ino)
+	}
+	return st, nil
 }
 
 // goneErr is the error of a placeholder whose bytes another writer pruned.
@@ -499,12 +513,9 @@ func (w *Workspace) goneErr(pf pendingFile) error {
 // fillFile writes a placeholder's bytes into f, checks their count, makes
 // them durable, then clears the marker.
 func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File) error {
-	var before syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &before); err != nil {
+	before, err := isPending(f, ino)
+	if err != nil {
 		return err
-	}
-	if before.Ino != ino || before.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", f.Name(), before.Ino, ino)
 	}
 	r, err := w.store.Open(ctx, pf.key)
 	if errors.Is(err, ErrNotExist) {

@@ -35,18 +35,10 @@ import (
 
 // The marker of a directory whose placeholders are still to be made; as
 // root in the trusted namespace, for the reason PendingXattr gives.
-const (
-	PendingDirTrustedXattr = "trusted.amlfs.pendingdir"
-	PendingDirUserXattr    = "user.amlfs.pendingdir"
-)
+const PendingDirUserXattr = "user.amlfs.pendingdir"
 
 // PendingDirXattr is the directory marker this process reads and writes.
-func PendingDirXattr() string {
-	if os.Geteuid() == 0 {
-		return PendingDirTrustedXattr
-	}
-	return PendingDirUserXattr
-}
+func PendingDirXattr() string { return markerXattr(PendingDirUserXattr) }
 
 type pendingDir struct {
 	rev      string // folder revision path, "revisions/<seg>/"

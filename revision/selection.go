@@ -100,12 +100,12 @@ func (s Selection) Filter(es []TreeEntry) []TreeEntry {
 // need; a path over 4,095 bytes; a symlink target that is not UTF-8) is an
 // UNSUPPORTED_ENTRY error listing every such path.
 func Snapshot(dir string, s Selection) (entries []TreeEntry, skipped []string, err error) {
-	rfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	t, err := openTree(dir)
 	if err != nil {
-		return nil, nil, &os.PathError{Op: "open", Path: dir, Err: err}
+		return nil, nil, err
 	}
-	defer unix.Close(rfd)
-	w := walker{root: dir, rfd: rfd, sel: s}
+	defer t.Close()
+	w := walker{root: t, sel: s}
 	if _, err := w.walk("", nil, false); err != nil {
 		return nil, nil, err
 	}
@@ -113,7 +113,7 @@ func Snapshot(dir string, s Selection) (entries []TreeEntry, skipped []string, e
 		if n > 20 {
 			w.bad = append(w.bad[:20], fmt.Sprintf("and %d more", n-20))
 		}
-		return nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
+		return nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
 	}
 	SortEntries(w.out)
 	return w.out, w.skipped, nil
@@ -133,8 +133,7 @@ func SpecialFilesError(paths []string) error {
 }
 
 type walker struct {
-	root    string
-	rfd     int // root, O_PATH: every path is opened beneath it
+	root    *tree // every path is opened beneath it
 	sel     Selection
 	out     []TreeEntry
 	skipped []string // special files
@@ -143,8 +142,8 @@ type walker struct {
 
 // walk visits the directory rel; it reports whether it selected anything.
 func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (bool, error) {
-	d, err := openAt(w.rfd, w.root, rel, os.O_RDONLY|unix.O_DIRECTORY)
-	if rel != "" && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.EXDEV)) {
+	d, err := w.root.open(rel, os.O_RDONLY|unix.O_DIRECTORY)
+	if rel != "" && changedUnder(err) {
 		// Removed, or swapped for a symlink or a file, since its parent
 		// was listed: the save leaves it out rather than follow it.
 		return false, nil

@@ -127,13 +127,13 @@ func copyExactly(w io.Writer, f *os.File, size int64) (int64, error) {
 	return n, err
 }
 
-// openSaved opens the working-tree file rel below root for a save, with no
-// symlink anywhere in its path (openBeneath). A file that is gone, or is no
+// openSaved opens the working-tree file rel of t for a save, with no
+// symlink anywhere in its path (tree.open). A file that is gone, or is no
 // longer a regular file, reports gone: the tree changed after the
 // snapshot, and the save leaves it out.
-func openSaved(root, rel string) (f *os.File, gone bool, err error) {
-	f, err = openBeneath(root, rel, os.O_RDONLY)
-	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOTDIR) {
+func openSaved(t *tree, rel string) (f *os.File, gone bool, err error) {
+	f, err = t.open(rel, os.O_RDONLY)
+	if changedUnder(err) {
 		return nil, true, nil
 	}
 	if err != nil {

@@ -658,6 +658,11 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	if src != w {
 		baseKey = src.store.(Family).Foreign
 	}
+	t, err := openTree(dir)
+	if err != nil {
+		return up, err
+	}
+	defer t.Close()
 	up.stamps = make(map[string]baseFile, len(entries))
 	var mu sync.Mutex // guards entries, up while uploads land
 	gone := map[string]bool{}
@@ -672,7 +677,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		key, stp, ok := base.reusable(dir, te.Path)
 		key = baseKey(key)
 		if ok && stp.size == uint64(te.Size) {
-			f, isGone, err := openSaved(dir, te.Path)
+			f, isGone, err := openSaved(t, te.Path)
 			if err != nil {
 				return up, err
 			}
@@ -713,7 +718,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		if err := src.Ensure(ctx, te.Path); err != nil {
 			return up, err
 		}
-		f, isGone, err := openSaved(dir, te.Path)
+		f, isGone, err := openSaved(t, te.Path)
 		if err != nil {
 			return up, err
 		}
