@@ -144,7 +144,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f.root = &node{Node: lroot, fs: f}
 
-	server, err := serve(mountpoint, f.root, opts, nil)
+	server, err := serve(mountpoint, f.root, nil, opts, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +154,7 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 
 // serve mounts root at mountpoint with the options every amlfs FUSE mount
 // shares; tune, if set, adjusts them for one provider.
-func serve(mountpoint string, root gofs.InodeEmbedder, opts Options, tune func(*fuse.MountOptions)) (*fuse.Server, error) {
+func serve(mountpoint string, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, tune func(*fuse.MountOptions)) (*fuse.Server, error) {
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
 		FsName: opts.FsName,
@@ -209,6 +209,7 @@ func serve(mountpoint string, root gofs.InodeEmbedder, opts Options, tune func(*
 		Logger:          mo.Logger,
 		// A mode of 0000 is shown as 0000, not as go-fuse's 0644.
 		NullPermissions: true,
+		RootStableAttr:  rootAttr,
 	}
 	// gofs.Mount, with the request timing wrapped around the node layer.
 	raw := gofs.NewNodeFS(root, gopts)
@@ -252,7 +253,12 @@ func MountLive(mountpoint string, l Live, noXattr bool, opts Options) (*FS, erro
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	server, err := serve(mountpoint, l.Root, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
+	// The root shows the provider's own root number, tag included, as in
+	// the composite: a walk that tells mounts apart by the tag (the tool
+	// API's delete) sees one mount from the root down, not a boundary
+	// below the root.
+	attr := l.Attr
+	server, err := serve(mountpoint, l.Root, &attr, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,8 @@ import (
 // each untouched file with the stat data git's index holds (inode number,
 // ctime, mtime, size, owner), so the first git status reads no working
 // file: it fetches no file object outside .git, and takes about as long
-// as the second. A change to a file then shows its real ctime.
+// as the second. A change to a file then shows its real ctime. Served
+// natively, the same holds with git's core.checkStat minimal.
 func TestGitStatusAfterRestore(t *testing.T) {
 	needTools(t, "git", "git")
 	srv, proxy, e := proxiedS3Env(t)
@@ -39,7 +40,15 @@ git status --porcelain >/dev/null`)
 	other.storeArgs = e.storeArgs
 	mp2 := other.mount("git", "--prefetch", "0")
 	proxy.reset()
-	if after := stats(mp2); after != before {
+	if serveOf(t, other, mp2) == "native" {
+		// Served natively, the restored files show their own inode
+		// numbers and ctimes, not the saved ones (README: Serving), so
+		// git would rehash every file and fetch it. Git's own
+		// core.checkStat minimal compares only what a restore keeps,
+		// size and mtime, and the first status then reads nothing
+		// outside .git, as below.
+		sh(t, mp2, "git config core.checkStat minimal")
+	} else if after := stats(mp2); after != before {
 		b, a := strings.Split(before, "\n"), strings.Split(after, "\n")
 		for i := range min(len(a), len(b)) {
 			if a[i] != b[i] {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,10 +24,20 @@ import (
 // needNative skips where native serving cannot run (amlfs check says why).
 func needNative(t *testing.T, e *env) {
 	t.Helper()
-	r := e.amlfs(append([]string{"check", "--serve", "native"}, e.wsArgs("native-check")...)...)
-	if !strings.Contains(r.stdout, "serve") || strings.Contains(r.stdout, "cannot run here") {
+	if r, ok := checkNative(e); !ok {
 		t.Skipf("native serving cannot run here: %s", r)
 	}
+}
+
+// nativeServing reports whether native serving can run here.
+func nativeServing(e *env) bool {
+	_, ok := checkNative(e)
+	return ok
+}
+
+func checkNative(e *env) (result, bool) {
+	r := e.amlfs(append([]string{"check", "--serve", "native"}, e.wsArgs("native-check")...)...)
+	return r, strings.Contains(r.stdout, "serve") && !strings.Contains(r.stdout, "cannot run here")
 }
 
 // nativeTree writes a tree that exercises every way to reach a file's
@@ -407,4 +418,86 @@ func swapChild() {
 		}
 	}
 	fmt.Printf("%d swaps, %d failed\n", n, fails)
+}
+
+// nativeSuite is the part of this suite about the workspace itself:
+// POSIX, crash, lifecycle, tools and exec, and live mounts inside it. TestNativeSuite runs it a
+// second time with the workspace served natively. pjdfstest runs in both
+// modes inside TestPjdfstest.
+var nativeSuite = []string{
+	// POSIX
+	"TestPOSIX", "TestUnprivilegedTruncateKillsSuid", "TestLocks",
+	"TestExchangeRaceStaysInside", "TestManyInodes", "TestGitStatusAfterRestore",
+	"TestLiveLocalMount", "TestLiveDirentIno", "TestLiveHostGetcwd",
+	// crash
+	"TestCrashRecovery", "TestLazyRestoreSurvivesCrash", "TestStaleMountAfterCrash",
+	"TestPlaceholderWithoutItsBase", "TestKillDuringSave",
+	// lifecycle
+	"TestRoundTrip", "TestUnchangedUnmountKeepsRevision", "TestRetentionAndRestore",
+	"TestSecondMountConflicts", "TestNoLockStaleWriterFails", "TestResumeIsAStaleWriter",
+	"TestSaveWithoutItsBase", "TestSaveFailureKeepsPreviousRevision", "TestSignals",
+	"TestUnmountTwice", "TestDestroy", "TestCommitFork", "TestS3IncrementalSave",
+	// tools
+	"TestToolAndShellSeeOneTree", "TestToolConcurrency", "TestToolDeleteAllOrNothing",
+	"TestMCPServer", "TestMCPReadOnlyMount", "TestToolBadCalls", "TestToolWriteTooLarge",
+	"TestGit", "TestEditorsAndSed", "TestSQLiteConcurrentWriters",
+	"TestUntarSourceTree",
+	// exec
+	"TestExec", "TestExecSignal", "TestExecStop",
+}
+
+var testResult = regexp.MustCompile(`(?m)^--- (PASS|FAIL|SKIP): (\w+) \(([\d.]+)s\)`)
+
+// TestNativeSuite runs nativeSuite again in a child run of this test
+// binary, with every mount that names no mode served natively
+// (AMLFS_TEST_SERVE=native). Each test must pass or skip with a reason;
+// a name that no longer runs fails, so the list cannot rot.
+func TestNativeSuite(t *testing.T) {
+	if os.Getenv("AMLFS_TEST_SERVE") != "" {
+		t.Skip("this run already serves as AMLFS_TEST_SERVE says")
+	}
+	if testing.Short() {
+		t.Skip("the native suite takes minutes")
+	}
+	needNative(t, newEnv(t))
+	timeout := 40 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		timeout = time.Until(d) - 30*time.Second
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^("+strings.Join(nativeSuite, "|")+")$",
+		"-test.v", "-test.count=1", "-test.timeout", timeout.String())
+	cmd.Env = append(os.Environ(), "AMLFS_TEST_SERVE=native", "AMLFS_TEST_BIN="+amlfsBin)
+	out, err := cmd.CombinedOutput()
+	ran := map[string]string{}
+	for _, m := range testResult.FindAllStringSubmatch(string(out), -1) {
+		ran[m[2]] = m[1]
+		t.Logf("native: %s %s (%ss)", m[1], m[2], m[3])
+	}
+	for _, name := range nativeSuite {
+		switch ran[name] {
+		case "PASS":
+		case "SKIP":
+			if why := skipReason(string(out), name); why != "" {
+				t.Logf("native: %s skipped: %s", name, why)
+			}
+		case "FAIL":
+			t.Errorf("%s fails with the workspace served natively", name)
+		default:
+			t.Errorf("%s did not run natively: renamed, or the run stopped before it", name)
+		}
+	}
+	if err != nil || t.Failed() {
+		t.Fatalf("native run: %v\n%s", err, out)
+	}
+}
+
+// skipReason is the first line a skipped test logged in a -test.v run.
+func skipReason(out, name string) string {
+	i := strings.Index(out, "=== RUN   "+name+"\n")
+	if i < 0 {
+		return ""
+	}
+	rest := out[i+len("=== RUN   "+name+"\n"):]
+	line, _, _ := strings.Cut(rest, "\n")
+	return strings.TrimSpace(line)
 }

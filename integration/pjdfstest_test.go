@@ -148,7 +148,7 @@ func TestPjdfstest(t *testing.T) {
 	e.bin = nonRaceBin(t)
 	host := filepath.Join(e.root, "host")
 	must(t, os.Mkdir(host, 0o755))
-	mp := e.mount("pjd", "--mount", "/shared=file://"+host)
+	mp := e.mount("pjd", "--serve", "fuse", "--mount", "/shared=file://"+host)
 	// pjdfstest's files are not for saving: it leaves none, but a
 	// failed run may.
 	must(t, os.WriteFile(filepath.Join(mp, ".gitignore"), []byte("/pjd/\n"), 0o644))
@@ -156,7 +156,24 @@ func TestPjdfstest(t *testing.T) {
 	l := newLiveS3(t, srv, "pjd")
 	l.bin = e.bin
 	s3mp := l.mountNone("pjd")
-	dirs := map[string]string{"native": t.TempDir(), "workspace": filepath.Join(mp, "pjd"), "shared": filepath.Join(mp, "shared", "pjd"), "s3": filepath.Join(s3mp, "s")}
+	dirs := map[string]string{"workspace": filepath.Join(mp, "pjd"), "shared": filepath.Join(mp, "shared", "pjd"), "s3": filepath.Join(s3mp, "s")}
+	// The reference run is the workspace served natively, which is the
+	// cache disk itself through a bind mount: it must pass everything,
+	// as the disk does, and it is the native mode's run of the suite.
+	// Where native serving cannot run, the reference is a plain
+	// directory on the disk.
+	if nativeServing(e) {
+		nmp := e.mount("pjd-native", "--serve", "native")
+		must(t, os.WriteFile(filepath.Join(nmp, ".gitignore"), []byte("/pjd/\n"), 0o644))
+		dirs["native"] = filepath.Join(nmp, "pjd")
+		must(t, os.Mkdir(dirs["native"], 0o755))
+		if s := serveOf(t, e, nmp); s != "native" {
+			t.Fatalf("the native reference is served by %s", s)
+		}
+	} else {
+		t.Log("native serving cannot run here: the reference is a plain directory")
+		dirs["native"] = t.TempDir()
+	}
 	must(t, os.Mkdir(dirs["workspace"], 0o755))
 	must(t, os.Mkdir(dirs["shared"], 0o755))
 	results := map[string]pjdResult{}
