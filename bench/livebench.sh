@@ -3,7 +3,10 @@
 # --vfs-cache-mode full, s3fs and a plain directory, side by side in one
 # run, reported as ratios. The workload: untar the Go source tree, find,
 # ls -lR, grep -r, rm -rf, then a sequential 1 GiB write, the same ended by
-# fsync, and a cold sequential 1 GiB read.
+# fsync, and a cold sequential 1 GiB read. Two amlfs targets: amlfs (the
+# default FUSE serving, the live mount grafted into one connection) and amn
+# (--serve native: the live mount its own FUSE connection, answering ENOSYS
+# to xattr requests).
 # Needs root (FUSE), versitygw (AMLFS_VERSITYGW, as .ci/run installs it),
 # and installs rclone and s3fs from Debian if missing.
 #
@@ -12,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-livebench}
-TOOLS=${TOOLS:-native amlfs rclone s3fs}
+TOOLS=${TOOLS:-native amlfs amn rclone s3fs}
 for t in rclone s3fs; do
   case " $TOOLS " in *" $t "*) command -v $t >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $t >/dev/null;; esac
 done
@@ -43,6 +46,14 @@ mount_amlfs() {
   ln -sfn "$1/d" "$WORK/view"
 }
 umount_amlfs() { "$AM" unmount "$1" >/dev/null; }
+mount_amn() {
+  mkdir -p "$1"
+  "$AM" mount --daemon "$1" --serve native --store none --mount "/d=s3://bkt/$2" --s3-endpoint "$EP" --s3-path-style --cache-dir "$WORK/amlfs-cache" >/dev/null
+  mounted_native "$1" amn "$AM"
+  mounted "$1/d" amn
+  ln -sfn "$1/d" "$WORK/view"
+}
+umount_amn() { umount_amlfs "$@"; }
 mount_rclone() {
   mkdir -p "$1"
   env -u AWS_CA_BUNDLE RCLONE_CONFIG_B_TYPE=s3 RCLONE_CONFIG_B_PROVIDER=Other RCLONE_CONFIG_B_ENDPOINT="$EP" \
@@ -64,10 +75,10 @@ umount_s3fs() { fusermount3 -u "$1" 2>/dev/null || fusermount -u "$1"; sleep 1; 
 declare -A R
 for tool in $TOOLS; do
   "mount_$tool" "$MNT" "$tool"
-  [ "$tool" = amlfs ] || ln -sfn "$MNT" "$WORK/view"
+  case $tool in amlfs|amn) ;; *) ln -sfn "$MNT" "$WORK/view" ;; esac
   V=$(readlink -f "$WORK/view")
   settle; t=$(now); tar -C "$V" -xf "$WORK/src.tar"; R[$tool.untar]=$(since $t)
-  if [ "$tool" = amlfs ]; then
+  if [ "$tool" = amlfs ] || [ "$tool" = amn ]; then
     # The same untar until the bucket holds it all.
     while [ "$("$AM" status "$MNT" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["mounts"][0]["pending"])')" != 0 ]; do sleep 0.1; done
     R[$tool.uploaded]=$(since $t)
@@ -86,7 +97,7 @@ for tool in $TOOLS; do
     env -u AWS_CA_BUNDLE "$AWS" --endpoint-url "$EP" s3 cp --quiet "$WORK/gib" "s3://bkt/$tool/gibr"; fi
   rm -rf "$WORK/amlfs-cache" "$WORK/rclone-cache" "$WORK/s3fs-cache"
   "mount_$tool" "$MNT" "$tool"
-  [ "$tool" = amlfs ] || ln -sfn "$MNT" "$WORK/view"
+  case $tool in amlfs|amn) ;; *) ln -sfn "$MNT" "$WORK/view" ;; esac
   V=$(readlink -f "$WORK/view")
   settle; t=$(now); cmp "$V/gibr" "$WORK/gib"; R[$tool.read]=$(since $t)
   "umount_$tool" "$MNT"
@@ -94,7 +105,10 @@ done
 
 printf '\nlivebench: the Go source tree (%d entries, %s), versitygw on loopback, kernel %s\n\n' "$FILES" "$(du -sh "$WORK/src.tar" | cut -f1)" "$(uname -r)"
 printf '| step |'; for t in $TOOLS; do printf ' %s s |' "$t"; done
-printf ' amlfs vs the faster of rclone and s3fs |\n|---|'; for t in $TOOLS; do printf -- '---|'; done; printf -- '---|\n'
+AMS=""
+for t in amlfs amn; do case " $TOOLS " in *" $t "*) AMS="$AMS $t" ;; esac; done
+for a in $AMS; do printf ' %s vs the faster of rclone and s3fs |' "$a"; done
+printf '\n|---|'; for t in $TOOLS $AMS; do printf -- '---|'; done; printf '\n'
 for s in untar find ls grep rm fsync write read; do
   printf '| %s |' "$s"
   for t in $TOOLS; do printf ' %.2f |' "${R[$t.$s]:-0}"; done
@@ -104,7 +118,13 @@ for s in untar find ls grep rm fsync write read; do
     [ -n "$v" ] || continue
     if [ -z "$best" ] || (( $(echo "$v < $best" | bc -l) )); then best=$v; fi
   done
-  if [ -n "$best" ] && [ -n "${R[amlfs.$s]:-}" ]; then printf ' %.1fx faster |\n' "$(echo "$best / ${R[amlfs.$s]}" | bc -l)"; else printf ' |\n'; fi
+  for a in $AMS; do
+    if [ -n "$best" ] && [ -n "${R[$a.$s]:-}" ]; then printf ' %.1fx faster |' "$(echo "$best / ${R[$a.$s]}" | bc -l)"; else printf ' |'; fi
+  done
+  printf '\n'
 done
-[ -n "${R[amlfs.uploaded]:-}" ] && printf '\namlfs untar until every object was uploaded: %.2f s\n' "${R[amlfs.uploaded]}"
+for a in $AMS; do
+  [ -n "${R[$a.uploaded]:-}" ] && printf '\n%s untar until every object was uploaded: %.2f s' "$a" "${R[$a.uploaded]}"
+done
+echo
 echo "step: untar, find, ls -lR, grep -r (no match), rm -rf of the tree; write: 1 GiB dd; fsync: 1 GiB dd ended by fsync; read: cmp of 1 GiB on a fresh mount"

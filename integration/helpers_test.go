@@ -176,13 +176,22 @@ func (e *env) mountAt(mp, id string, extra ...string) result {
 	e.t.Helper()
 	// AMLFS_TEST_SERVE=native runs the suite's mounts natively unless a
 	// test names the mode itself.
-	if m := os.Getenv("AMLFS_TEST_SERVE"); m != "" && !slices.Contains(extra, "--serve") {
-		extra = append(extra[:len(extra):len(extra)], "--serve", m)
+	mode := os.Getenv("AMLFS_TEST_SERVE")
+	if mode != "" && !slices.Contains(extra, "--serve") {
+		extra = append(extra[:len(extra):len(extra)], "--serve", mode)
+	} else {
+		mode = ""
 	}
 	args := append([]string{"mount", "--daemon", mp}, e.wsArgs(id, extra...)...)
 	r := e.amlfs(args...)
 	if r.code == 0 {
 		e.t.Cleanup(func() { e.forceUnmount(mp) })
+		// No silent fallback: a run in one mode runs in that mode.
+		if mode != "" {
+			if s := serveOf(e.t, e, mp); s != mode {
+				e.t.Fatalf("mounted with --serve %s, serving %s", mode, s)
+			}
+		}
 	}
 	return r
 }

@@ -428,7 +428,7 @@ var nativeSuite = []string{
 	// POSIX
 	"TestPOSIX", "TestUnprivilegedTruncateKillsSuid", "TestLocks",
 	"TestExchangeRaceStaysInside", "TestManyInodes", "TestGitStatusAfterRestore",
-	"TestLiveLocalMount", "TestLiveDirentIno", "TestLiveHostGetcwd",
+	"TestLiveLocalMount", "TestLiveDirentIno", "TestLiveHostGetcwd", "TestStoreNone", "TestS3LiveMount",
 	// crash
 	"TestCrashRecovery", "TestLazyRestoreSurvivesCrash", "TestStaleMountAfterCrash",
 	"TestPlaceholderWithoutItsBase", "TestKillDuringSave",

@@ -411,24 +411,34 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 	}
 	d.workDir = dir
 	d.baseMark = 0
-	d.serve, d.serveWhy = ServeFUSE, "--store none: the root is a read-only list of the live mounts"
+	if err := d.chooseServe(); err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
 	syscall.Umask(0)
 	live, err := d.openLive(ctx)
 	if err != nil {
 		os.RemoveAll(dir)
 		return err
 	}
-	fsys, err := fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
-		Dir: dir, FsName: "amlfs:none", MountOptions: cfg.fuseOptions, ReadOnlyRoot: true,
-		Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live, Ops: d.metrics,
-	})
+	var fsys server
+	if d.serve == ServeNative {
+		d.serveWhy = "--serve " + cfg.Serve + ": a read-only bind mount of the live mounts' prefixes, each live mount its own FUSE connection"
+		fsys, err = d.mountNoWorkspaceNative(dir, live)
+	} else {
+		d.serveWhy += "; --store none: the root is a read-only list of the live mounts"
+		fsys, err = fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+			Dir: dir, FsName: "amlfs:none", MountOptions: cfg.fuseOptions, ReadOnlyRoot: true,
+			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live, Ops: d.metrics,
+		})
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return err
 	}
 	d.fs = fsys
 	d.setPhase("serving")
-	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "store", StoreNone, "mounts", len(live), "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "store", StoreNone, "mounts", len(live), "serve", d.serve, "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
 	return nil
 }
 
@@ -692,6 +702,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	}
 	if d.ws == nil {
 		// --store none: nothing to save or release.
+		d.fs.Close()
 		for _, c := range d.closers {
 			c()
 		}

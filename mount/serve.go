@@ -107,18 +107,56 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 		return nil, err
 	}
 	log.Info("serving natively", "placeholders", srv.Pending(), "seconds", time.Since(start).Seconds())
+	if err := d.mountLiveInside(srv, live); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// mountLiveInside mounts each live mount on its own FUSE connection at its
+// prefix inside the natively served srv; on a failure it unmounts them
+// all, and srv.
+func (d *Daemon) mountLiveInside(srv *native.Server, live []fuse.Live) error {
+	cfg := &d.cfg
+	name := cfg.ID
+	if cfg.Store == StoreNone {
+		name = StoreNone
+	}
 	for i, l := range live {
 		m := cfg.Live[i]
 		mp := filepath.Join(cfg.Mountpoint, filepath.FromSlash(l.Rel))
-		fs, err := fuse.MountLive(mp, l, m.Kind == "s3", fuse.Options{FsName: "amlfs:" + cfg.ID + ":" + m.Prefix, MountOptions: cfg.fuseOptions,
+		fs, err := fuse.MountLive(mp, l, m.Kind == "s3", fuse.Options{FsName: "amlfs:" + name + ":" + m.Prefix, MountOptions: cfg.fuseOptions,
 			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log.With("provider", m.Kind, "mount", m.Prefix), Ops: d.metrics})
 		if err != nil {
 			d.unmountLive()
 			srv.Unmount(time.Second, true)
 			srv.Close()
-			return nil, fmt.Errorf("live mount %s: %w", m.Prefix, err)
+			return fmt.Errorf("live mount %s: %w", m.Prefix, err)
 		}
 		d.liveFS = append(d.liveFS, fs)
+	}
+	return nil
+}
+
+// mountNoWorkspaceNative serves --store none natively: dir, holding only
+// the live mounts' prefixes, bind-mounted read-only, with each live mount
+// its own FUSE connection inside it.
+func (d *Daemon) mountNoWorkspaceNative(dir string, live []fuse.Live) (server, error) {
+	cfg := &d.cfg
+	for _, l := range live {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := unix.Setxattr(dir, fuse.ControlXattr, []byte(SocketPath(cfg.Mountpoint)), 0); err != nil {
+		d.log.Debug("name the control socket on the root", "err", err)
+	}
+	srv, err := native.Mount(native.Options{Dir: dir, Mountpoint: cfg.Mountpoint, ReadOnly: true, Log: d.log})
+	if err != nil {
+		return nil, err
+	}
+	if err := d.mountLiveInside(srv, live); err != nil {
+		return nil, err
 	}
 	return srv, nil
 }

@@ -183,7 +183,9 @@ func Mount(opts Options) (*Server, error) {
 	if err := s.bind(); err != nil {
 		return nil, err
 	}
-	if opts.Keeper == "" {
+	if opts.Content == nil {
+		// No placeholders (--store none): nothing for a keeper to answer.
+	} else if opts.Keeper == "" {
 		s.log.Warn("no keeper: if the daemon dies, files not fetched yet read as zeros until the mount is cleaned", "op", "mount", "path", opts.Mountpoint)
 	} else if s.keeper, err = startKeeper(opts.Keeper, s.hsm, opts.Mountpoint, s.mntID); err != nil {
 		unix.Unmount(opts.Mountpoint, unix.MNT_DETACH)
