@@ -37,6 +37,11 @@ mounted "$WORK/mlazy" amlfs
 settle; t=$(now); "$AM" mount --daemon "$WORK/mfull" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c2" --restore full --no-lock >/dev/null 2>&1; FULL=$(since $t)
 mounted "$WORK/mfull" amlfs
 "$AM" unmount --no-save "$WORK/mfull" >/dev/null
+# The same lazy mount served natively (--serve native): every directory
+# and placeholder is made, and every placeholder marked, before it is ready.
+settle; t=$(now); "$AM" mount --daemon "$WORK/mnlazy" --serve native --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c1n" --restore lazy --prefetch 0 --no-lock >/dev/null 2>&1; NLAZY=$(since $t)
+mounted_native "$WORK/mnlazy" "amlfs native" "$AM"
+"$AM" unmount --no-save "$WORK/mnlazy" >/dev/null
 
 echo changed > "$WORK/mlazy/d42/f7"
 settle; t=$(now); "$AM" commit "$WORK/mlazy" >/dev/null; INC=$(since $t)
@@ -67,6 +72,7 @@ settle; t=$(now); env -u AWS_CA_BUNDLE "$AWS" --endpoint-url "$EP" s3 cp --recur
 printf '\ns3bench: versitygw %s on loopback, kernel %s\n\n' "$("$VGW" --version 2>/dev/null | head -1 | awk '{print $NF}')" "$(uname -r)"
 printf '| measure | amlfs s | reference s | ratio | target |\n|---|---|---|---|---|\n'
 printf '| ready mount, 10k files / 200 MB: lazy vs full restore | %.2f | %.2f | %.1fx faster | >= 10x |\n' "$LAZY" "$FULL" "$(ratio $FULL $LAZY)"
+printf '| ready mount served natively, 10k files / 200 MB: lazy vs full restore | %.2f | %.2f | %.1fx faster | >= 10x |\n' "$NLAZY" "$FULL" "$(ratio $FULL $NLAZY)"
 printf '| save after changing 1 of 10k files: incremental vs full upload | %.2f | %.2f | %.1fx faster | >= 20x |\n' "$INC" "$FULLSAVE" "$(ratio $FULLSAVE $INC)"
 printf '| save after changing 1 of 64 x 16 MiB files: incremental vs the full 1 GiB save | %.2f | %.2f | %.1fx faster | (none) |\n' "$INCBIG" "$SAVE" "$(ratio $SAVE $INCBIG)"
 printf '| save 1 GiB (64 x 16 MiB) vs aws s3 cp --recursive up | %.2f | %.2f | %.2fx the time | <= 1x |\n' "$SAVE" "$AWSUP" "$(ratio $SAVE $AWSUP)"
