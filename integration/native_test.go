@@ -501,3 +501,51 @@ func skipReason(out, name string) string {
 	line, _, _ := strings.Cut(rest, "\n")
 	return strings.TrimSpace(line)
 }
+
+// Served natively, a checkpoint cannot hold writes back: a save reads the
+// tree again while it changes under it, and one that kept changing through
+// every reading is published with a warning saying the tree is not one
+// instant. A quiet tree is read once.
+func TestNativeCheckpointWhileWriting(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	mp := e.mount("settle", "--serve", "native")
+	// Enough to read that a save takes longer than the writer's pause.
+	sh(t, mp, "mkdir -p d && for i in $(seq 0 199); do head -c 100000 /dev/urandom > d/f$i; done")
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.WriteFile(filepath.Join(mp, "busy.txt"), []byte(fmt.Sprint(i)), 0o644)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	busy := e.amlfs("commit", mp)
+	close(stop)
+	<-done
+	if busy.code != 0 || !strings.Contains(busy.stderr, "not one instant") {
+		t.Errorf("a commit while a writer never stops: %s", busy)
+	}
+	st := e.amlfs("status", mp, "--json").stdout
+	if n := jsonInt(t, st, "attempts"); n != 3 {
+		t.Errorf("%d attempts while the tree kept changing, want 3: %s", n, st)
+	}
+	sh(t, mp, "echo last > busy.txt")
+	quiet := e.amlfs("commit", mp)
+	if quiet.code != 0 || strings.Contains(quiet.stderr, "instant") {
+		t.Errorf("a commit of a quiet tree: %s", quiet)
+	}
+	st = e.amlfs("status", mp, "--json").stdout
+	if n := jsonInt(t, st, "attempts"); n != 1 {
+		t.Errorf("%d attempts for a quiet tree, want 1: %s", n, st)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}

@@ -120,6 +120,9 @@ type SaveInfo struct {
 	Fork string `json:"fork,omitempty"`
 	// Warning is what the user must know of this save, if anything.
 	Warning string `json:"warning,omitempty"`
+	// Attempts is how many times the save read the tree: more than one
+	// when the tree, served natively, changed while it was read.
+	Attempts int `json:"attempts,omitempty"`
 }
 
 // maxListed bounds the paths a SaveInfo lists.
@@ -341,7 +344,8 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.setPhase("locking")
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
-		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog})
+		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog,
+		Watch: d.saveWatch()})
 	if err != nil {
 		return err
 	}
@@ -860,9 +864,31 @@ func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, err
 
 // saveInfo reports a published save.
 func saveInfo(res revision.SaveResult) SaveInfo {
-	return SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
+	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
 		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
-		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)]}
+		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)],
+		Attempts: res.Attempts}
+	if res.Unsettled {
+		info.Warning = fmt.Sprintf("the tree changed during each of the save's %d readings of it (served natively, writes are not held back): each file is saved as its bytes at one instant, the tree as a whole is not one instant", res.Attempts)
+	}
+	return info
+}
+
+// saveWatch is the workspace's Options.Watch when the tree is served
+// natively, where a save cannot hold writes back: each reading of the
+// tree starts a watch for changes (Mark), and a save whose reading saw
+// one reads the tree again (revision.SaveAttempts).
+func (d *Daemon) saveWatch() func() func() bool {
+	if d.serve != ServeNative {
+		return nil
+	}
+	return func() func() bool {
+		if d.fs == nil {
+			return nil
+		}
+		m := d.fs.Mark()
+		return func() bool { return d.fs.Changes() != m }
+	}
 }
 
 // save publishes the working tree unless it is unchanged since it was
@@ -936,7 +962,7 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	}
 	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes,
 		"uploaded", res.Uploaded, "uploadedBytes", res.UploadedBytes, "reused", res.Reused, "baseGone", res.BaseGone, "symlinks", res.Symlinks,
-		"specialFilesSkipped", len(res.Skipped), "seconds", res.Elapsed.Seconds(), "pruned", res.Pruned)
+		"specialFilesSkipped", len(res.Skipped), "seconds", res.Elapsed.Seconds(), "attempts", res.Attempts, "pruned", res.Pruned)
 	return info, nil
 }
 

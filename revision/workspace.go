@@ -41,7 +41,16 @@ type Options struct {
 	StrictEntries bool
 	// Progress, if set, receives reports during restores and saves.
 	Progress func(Progress)
-	Log      *slog.Logger
+	// Watch, if set, is for a tree that cannot be frozen while a save
+	// reads it (one served natively). It is called as each attempt of a
+	// save begins, and the function it returns, asked after the attempt
+	// has read and uploaded the tree, reports whether the tree changed
+	// since. A save publishes the first attempt during which nothing
+	// changed: the tree at one instant. After SaveAttempts attempts it
+	// publishes the last one, whose files are each their bytes at one
+	// instant, and says so (SaveResult.Unsettled).
+	Watch func() (changed func() bool)
+	Log   *slog.Logger
 	Now      func() time.Time
 }
 
@@ -449,7 +458,18 @@ type SaveResult struct {
 	Skipped       []string // special files left out, by path
 	Pruned        []string
 	Elapsed       time.Duration
+	// Attempts is how many times the tree was read (Options.Watch); 1
+	// without a Watch.
+	Attempts int
+	// Unsettled: the tree changed during every attempt, so the revision
+	// is not the tree at one instant (each file still is its bytes at
+	// one instant).
+	Unsettled bool
 }
+
+// SaveAttempts bounds how many times a save reads a tree that keeps
+// changing under it (Options.Watch).
+const SaveAttempts = 3
 
 // Save snapshots dir per sel and publishes it as a new current revision,
 // following AML's order: snapshot, check limits, upload with
@@ -508,41 +528,39 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	} else {
 		return fail(fmt.Errorf("read index of %s: %w", w.store, err))
 	}
-	// 1. Snapshot (of the whole tree: lazily restored directories get
-	// their placeholders first). 2. Limits.
-	if err := src.populateAll(ctx); err != nil {
-		return fail(err)
-	}
-	entries, skipped, err := Snapshot(dir, sel)
-	if err != nil {
-		return fail(err)
-	}
-	if len(skipped) > 0 && w.opts.StrictEntries {
-		return fail(SpecialFilesError(skipped))
-	}
-	for _, p := range skipped {
-		w.log.Warn("special file not saved (a socket, fifo or device)", "op", "snapshot", "path", p)
-	}
-	if w.opts.Format == FormatArchive {
-		if err := noSymlinks(entries); err != nil {
+	// 1 to 3, once per attempt (Options.Watch).
+	var (
+		entry     Entry
+		skipped   []string
+		up        uploadStats
+		attempt   int
+		unsettled bool
+	)
+	for attempt = 1; ; attempt++ {
+		var changed func() bool
+		if w.opts.Watch != nil {
+			changed = w.opts.Watch()
+		}
+		var err error
+		entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src)
+		if amlerr.Code(err) == amlerr.RevisionIDConflict {
+			return SaveResult{}, err
+		} else if err != nil {
 			return fail(err)
 		}
-	}
-	total, _ := treeSize(entries)
-	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
-		return fail(err)
-	}
-	// 3. Upload.
-	entry := Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
-	_, files := treeSize(entries)
-	prog := startProgress(w.opts.Progress, "save", int64(files), total)
-	up, err := w.upload(ctx, dir, entry, entries, prog, src)
-	prog.finish()
-	if err != nil {
-		if errors.Is(err, ErrExist) {
-			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
+		if changed == nil || !changed() {
+			break
 		}
-		return fail(err)
+		if attempt == SaveAttempts {
+			unsettled = true
+			w.log.Warn("the tree changed during every attempt of the save: each file is saved as its bytes at one instant, the tree is not one instant", "op", "save", "attempts", attempt)
+			break
+		}
+		w.log.Info("the tree changed while the save read it; reading it again", "op", "save", "attempt", attempt)
+		// The next attempt uploads under the same id.
+		if err := w.store.Remove(context.WithoutCancel(ctx), entry.Path); err != nil {
+			return fail(fmt.Errorf("remove the unsettled attempt's artifact: %w", err))
+		}
 	}
 	// 4. Publish.
 	next, pruned := w.index.WithNew(entry, w.opts.Retention)
@@ -580,9 +598,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 		w.repoint(up.moves)
 	}
 	// 5. Prune, only now, and never a revision a placeholder still needs.
-	total, files = treeSize(up.entries)
+	total, files := treeSize(up.entries)
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
-		BaseGone: up.baseGone, Symlinks: countType(up.entries, TypeSymlink), Skipped: skipped}
+		BaseGone: up.baseGone, Symlinks: countType(up.entries, TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled}
 	for _, p := range pruned {
 		if !w.fetchFrom(ctx, p.Path) {
 			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
@@ -597,6 +615,42 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	w.cleanOrphans(ctx)
 	res.Elapsed = time.Since(start)
 	return res, nil
+}
+
+// readTree is steps 1 to 3 of a save: 1. snapshot (of the whole tree:
+// lazily restored directories get their placeholders first), 2. limits,
+// 3. upload the artifact of revision revID. Must hold w.mu.
+func (w *Workspace) readTree(ctx context.Context, dir string, sel Selection, revID string, src *Workspace) (entry Entry, skipped []string, up uploadStats, err error) {
+	if err := src.populateAll(ctx); err != nil {
+		return entry, nil, up, err
+	}
+	entries, skipped, err := Snapshot(dir, sel)
+	if err != nil {
+		return entry, nil, up, err
+	}
+	if len(skipped) > 0 && w.opts.StrictEntries {
+		return entry, nil, up, SpecialFilesError(skipped)
+	}
+	for _, p := range skipped {
+		w.log.Warn("special file not saved (a socket, fifo or device)", "op", "snapshot", "path", p)
+	}
+	if w.opts.Format == FormatArchive {
+		if err := noSymlinks(entries); err != nil {
+			return entry, nil, up, err
+		}
+	}
+	total, files := treeSize(entries)
+	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
+		return entry, nil, up, err
+	}
+	entry = Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
+	prog := startProgress(w.opts.Progress, "save", int64(files), total)
+	up, err = w.upload(ctx, dir, entry, entries, prog, src)
+	prog.finish()
+	if errors.Is(err, ErrExist) {
+		err = amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
+	}
+	return entry, skipped, up, err
 }
 
 // uploadStats is what an upload did, and the stamps of the files it saved.
