@@ -51,7 +51,7 @@ type Options struct {
 	// instant, and says so (SaveResult.Unsettled).
 	Watch func() (changed func() bool)
 	Log   *slog.Logger
-	Now      func() time.Time
+	Now   func() time.Time
 }
 
 // Workspace is one workspace identity in a store: its lease, the index it
