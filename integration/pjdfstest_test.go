@@ -183,7 +183,9 @@ func TestPjdfstest(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			start := time.Now()
 			r := runPjdfstest(t, suite, dir)
+			t.Logf("pjdfstest on the %s: %d tests in %v", name, r.tests, time.Since(start).Round(time.Second))
 			mu.Lock()
 			results[name] = r
 			mu.Unlock()
