@@ -217,6 +217,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if errno := n.ensureDir(ctx); errno != 0 {
 		return nil, errno
 	}
+	// A child directory still to be populated is populated first, or,
+	// when the background prefetch is populating it, waited for: while
+	// its placeholders are made its mtime is the moment's, and the kernel
+	// would keep that one for --kernel-cache.
+	if errno := n.ensureChildDir(ctx, name); errno != 0 {
+		return nil, errno
+	}
 	return n.Node.Lookup(ctx, name, out)
 }
 
