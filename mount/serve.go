@@ -89,24 +89,34 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 	if err := d.ws.PopulateAll(ctx); err != nil {
 		return nil, err
 	}
+	d.ws.FillOnAccess()
+	srv, err := d.serveNatively(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, Pending: revision.PendingXattr(),
+		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
+		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")}, live)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("serving natively", "placeholders", srv.Pending(), "seconds", time.Since(start).Seconds())
+	return srv, nil
+}
+
+// serveNatively makes the live mounts' prefixes in opts.Dir, names the
+// control socket on it, bind-mounts it, and mounts each live mount inside.
+func (d *Daemon) serveNatively(opts native.Options, live []fuse.Live) (*native.Server, error) {
 	for _, l := range live {
-		if err := os.MkdirAll(filepath.Join(d.workDir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(opts.Dir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
 			return nil, err
 		}
 	}
 	// How a client with nothing but the mountpoint finds the daemon, as
 	// the FUSE root's virtual xattr tells it.
-	if err := unix.Setxattr(d.workDir, fuse.ControlXattr, []byte(SocketPath(cfg.Mountpoint)), 0); err != nil {
-		log.Debug("name the control socket on the root", "err", err)
+	if err := unix.Setxattr(opts.Dir, fuse.ControlXattr, []byte(SocketPath(d.cfg.Mountpoint)), 0); err != nil {
+		opts.Log.Debug("name the control socket on the root", "err", err)
 	}
-	d.ws.FillOnAccess()
-	srv, err := native.Mount(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, Pending: revision.PendingXattr(),
-		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
-		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")})
+	srv, err := native.Mount(opts)
 	if err != nil {
 		return nil, err
 	}
-	log.Info("serving natively", "placeholders", srv.Pending(), "seconds", time.Since(start).Seconds())
 	if err := d.mountLiveInside(srv, live); err != nil {
 		return nil, err
 	}
@@ -142,23 +152,7 @@ func (d *Daemon) mountLiveInside(srv *native.Server, live []fuse.Live) error {
 // the live mounts' prefixes, bind-mounted read-only, with each live mount
 // its own FUSE connection inside it.
 func (d *Daemon) mountNoWorkspaceNative(dir string, live []fuse.Live) (server, error) {
-	cfg := &d.cfg
-	for _, l := range live {
-		if err := os.MkdirAll(filepath.Join(dir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if err := unix.Setxattr(dir, fuse.ControlXattr, []byte(SocketPath(cfg.Mountpoint)), 0); err != nil {
-		d.log.Debug("name the control socket on the root", "err", err)
-	}
-	srv, err := native.Mount(native.Options{Dir: dir, Mountpoint: cfg.Mountpoint, ReadOnly: true, Log: d.log})
-	if err != nil {
-		return nil, err
-	}
-	if err := d.mountLiveInside(srv, live); err != nil {
-		return nil, err
-	}
-	return srv, nil
+	return d.serveNatively(native.Options{Dir: dir, Mountpoint: d.cfg.Mountpoint, ReadOnly: true, Log: d.log}, live)
 }
 
 // unmountLive unmounts the live mounts' own FUSE connections, innermost
