@@ -49,6 +49,11 @@ type Daemon struct {
 	state   string // the state file in the cache dir
 
 	saveMu sync.Mutex // serializes saves; baseRev and baseMark change only under it and mu
+	// saveMark is the mark a save took for its unchanged-tree check, which
+	// the first reading of the tree (saveWatch) starts from instead of
+	// marking the tree again; -1 once used. readMark is the mark the last
+	// reading started from: the one the published tree is current as of.
+	saveMark, readMark int64 // GUARDED_BY(saveMu)
 
 	mu       sync.Mutex // guards the fields below; never held across I/O, so status answers during a save
 	baseRev  string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
@@ -264,7 +269,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 		hooks.Notify = func(string) {}
 	}
 	raiseFileLimit(log)
-	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting",
+	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting", saveMark: -1,
 		metrics: metrics.New()}
 	d.cfg.S3.Observe = d.metrics.S3Request
 	stopMetrics, err := d.serveMetrics()
@@ -886,7 +891,11 @@ func (d *Daemon) saveWatch() func() func() bool {
 		if d.fs == nil {
 			return nil
 		}
-		m := d.fs.Mark()
+		m := d.saveMark
+		if m < 0 {
+			m = d.fs.Mark()
+		}
+		d.saveMark, d.readMark = -1, m
 		return func() bool { return d.fs.Changes() != m }
 	}
 }
@@ -897,6 +906,8 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.saveMu.Lock()
 	defer d.saveMu.Unlock()
 	mark := d.fs.Mark()
+	d.saveMark, d.readMark = mark, mark
+	defer func() { d.saveMark = -1 }()
 	d.mu.Lock()
 	baseRev, baseMark := d.baseRev, d.baseMark
 	d.mu.Unlock()
@@ -943,6 +954,7 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 		return SaveInfo{}, err
 	}
 	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
+	mark = d.readMark // natively, the last reading's
 	d.mu.Lock()
 	d.publishing = ""
 	d.mu.Unlock()

@@ -5,14 +5,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
-// bodyResumes bounds how often one GET's body is picked up again after it
-// broke off.
-const bodyResumes = 4
+// stuckResumes bounds how often in a row one GET's body is picked up again
+// without a byte having arrived since the last time; a resume that brought
+// bytes resets the count, so a long body on a connection that keeps
+// breaking still completes. resumeBackoff is the first wait before a
+// resume that follows one without progress; it doubles up to
+// maxResumeBackoff.
+const (
+	stuckResumes     = 8
+	resumeBackoff    = 20 * time.Millisecond
+	maxResumeBackoff = time.Second
+)
 
 // Get is GetObject whose body survives a connection that drops mid-way:
 // the SDK retries a request until its response headers arrive, but a body
@@ -50,7 +59,9 @@ type resumingBody struct {
 	etag     string
 	body     io.ReadCloser
 	pos, end int64 // the next offset due, and the end of the response
-	resumes  int
+	resumes  int   // resumes so far, for the error
+	stuck    int   // resumes in a row without a byte since
+	resumed  int64 // pos at the last resume
 }
 
 func (b *resumingBody) Read(p []byte) (int, error) {
@@ -69,11 +80,22 @@ func (b *resumingBody) Read(p []byte) (int, error) {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF // ended before the announced length
 		}
-		if b.resumes == bodyResumes || b.ctx.Err() != nil {
+		if b.resumes > 0 && b.pos == b.resumed {
+			b.stuck++
+		} else {
+			b.stuck = 0
+		}
+		if b.stuck == stuckResumes || b.ctx.Err() != nil {
 			return 0, fmt.Errorf("read %s: %w (after %d resumed requests)", aws.ToString(b.in.Key), err, b.resumes)
 		}
-		b.resumes++
 		b.body.Close()
+		if b.stuck > 0 {
+			if werr := sleepCtx(b.ctx, min(resumeBackoff<<(b.stuck-1), maxResumeBackoff)); werr != nil {
+				return 0, fmt.Errorf("read %s: %w; resuming: %w", aws.ToString(b.in.Key), err, werr)
+			}
+		}
+		b.resumes++
+		b.resumed = b.pos
 		in := b.in
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-%d", b.pos, b.end-1))
 		in.IfMatch = aws.String(b.etag)
@@ -87,6 +109,17 @@ func (b *resumingBody) Read(p []byte) (int, error) {
 }
 
 func (b *resumingBody) Close() error { return b.body.Close() }
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 type errReader struct{ err error }
 
