@@ -26,7 +26,8 @@ sleep 1
 m="$WORK/m10k"
 "$AM" mount --daemon "$m" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c0" >/dev/null 2>&1
 mounted "$m" amlfs
-for d in $(seq 0 99); do mkdir "$m/d$d"; for f in $(seq 0 99); do head -c 20000 /dev/urandom > "$m/d$d/f$f"; done; done
+# 100 directories of 100 files of 20,000 random bytes (f00 to f99).
+for d in $(seq 0 99); do mkdir "$m/d$d"; head -c 2000000 /dev/urandom | split -b 20000 -d -a 2 - "$m/d$d/f"; done
 "$AM" unmount "$m" >/dev/null
 
 # Each timed step starts with the disk idle: the setup's writeback is not
@@ -36,22 +37,24 @@ settle; t=$(now); "$AM" mount --daemon "$WORK/mlazy" --store s3://bkt/bench --id
 mounted "$WORK/mlazy" amlfs
 settle; t=$(now); "$AM" mount --daemon "$WORK/mfull" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c2" --restore full --no-lock >/dev/null 2>&1; FULL=$(since $t)
 mounted "$WORK/mfull" amlfs
-"$AM" unmount --no-save "$WORK/mfull" >/dev/null
+# The mounts stay until the end of this part: an unmount --no-save deletes
+# its tree, and ext4 then makes new inodes slowly for minutes (each one
+# allocated skips, one by one, the inodes deleted in the last 60 s or
+# more: recently_deleted() in fs/ext4/ialloc.c), which would bill the
+# deletion to the next step that makes 10k files.
 # The same lazy mount served natively (--serve native): every directory
 # and placeholder is made, and every placeholder marked, before it is ready.
 settle; t=$(now); "$AM" mount --daemon "$WORK/mnlazy" --serve native --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c1n" --restore lazy --prefetch 0 --no-lock >/dev/null 2>&1; NLAZY=$(since $t)
 mounted_native "$WORK/mnlazy" "amlfs native" "$AM"
-"$AM" unmount --no-save "$WORK/mnlazy" >/dev/null
 
-echo changed > "$WORK/mlazy/d42/f7"
+echo changed > "$WORK/mlazy/d42/f07"
 settle; t=$(now); "$AM" commit "$WORK/mlazy" >/dev/null; INC=$(since $t)
 # A full upload of the same tree: the same save with nothing to reuse.
 "$AM" mount --daemon "$WORK/mcopy" --store s3://bkt/bench --id tenk-copy $S3 --cache-dir "$WORK/c3" --load none >/dev/null 2>&1
 mounted "$WORK/mcopy" amlfs
 cp -a "$WORK/mlazy/." "$WORK/mcopy/"
 settle; t=$(now); "$AM" commit "$WORK/mcopy" >/dev/null; FULLSAVE=$(since $t)
-"$AM" unmount --no-save "$WORK/mcopy" >/dev/null
-"$AM" unmount --no-save "$WORK/mlazy" >/dev/null
+for m in mcopy mlazy mfull mnlazy; do "$AM" unmount --no-save "$WORK/$m" >/dev/null; done
 
 # --- 3: a 1 GiB tree: 64 files of 16 MiB ----------------------------------
 for i in $(seq 0 63); do head -c 16777216 /dev/urandom > "$WORK/src/f$i"; done
