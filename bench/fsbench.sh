@@ -2,7 +2,9 @@
 # fsbench.sh: the same workload on a native directory, the go-fuse loopback
 # example, an amlfs workspace served through FUSE and one served natively
 # (--serve native: a bind mount), side by side in one run, reported as
-# ratios to native. Needs root (FUSE, bind mounts, drop_caches).
+# ratios to native. A second plain directory on the same disk (control) is
+# timed the same way: its ratio is the machine's noise, what two identical
+# targets differ by in the run. Needs root (FUSE, bind mounts, drop_caches).
 #
 #   bash bench/fsbench.sh [SIZE_MIB]      (default 1024)
 set -euo pipefail
@@ -11,7 +13,7 @@ SIZE_MIB=${1:-1024}
 WORK=${BENCH_DIR:-/var/tmp/amlfs-bench}
 GOSRC=${GOSRC:-$(go env GOROOT)/src}
 
-rm -rf "$WORK"; mkdir -p "$WORK"/{native,lb-backing,lb,am,amn,bin,store,cache,run}
+rm -rf "$WORK"; mkdir -p "$WORK"/{native,ctl,lb-backing,lb,am,amn,bin,store,cache,run}
 export AMLFS_RUNTIME_DIR="$WORK/run"
 go build -o "$WORK/bin/amlfs" ./cmd/amlfs
 GOBIN="$WORK/bin" go install github.com/hanwen/go-fuse/v2/example/loopback@v2.12.1
@@ -44,11 +46,11 @@ STEPS="write read-cold read-warm untar find ls-lR grep-r rm-rf"
 ROUNDS=${ROUNDS:-2}
 # keep NAME SECONDS: remember the best (lowest) time of the rounds.
 keep() { local cur=${R[$1]:-}; if [ -z "$cur" ] || (( $(echo "$2 < $cur" | bc -l) )); then R[$1]=$2; fi; }
+TARGETS=(native ctl lb am amn)
 for round in $(seq "$ROUNDS"); do
   # Rotate the order each round so no target always runs first.
-  case $((round % 4)) in
-    1) order="native lb am amn" ;; 2) order="amn native lb am" ;; 3) order="am amn native lb" ;; 0) order="lb am amn native" ;;
-  esac
+  order=""
+  for i in "${!TARGETS[@]}"; do order+=" ${TARGETS[$(( (i + round - 1) % ${#TARGETS[@]} ))]}"; done
   for target in $order; do
     d="$WORK/$target"
     drop
@@ -68,8 +70,8 @@ for round in $(seq "$ROUNDS"); do
 done
 
 printf '\nfsbench: %d MiB sequential, %d-entry source tree (%s), kernel %s, best of %d rounds\n\n' "$SIZE_MIB" "$NFILES" "$GOSRC" "$(uname -r)" "$ROUNDS"
-printf '| step | native s | loopback s | amlfs fuse s | amlfs native s | loopback / native | amlfs fuse / native | amlfs native / native |\n|---|---|---|---|---|---|---|---|\n'
+printf '| step | native s | control s | loopback s | amlfs fuse s | amlfs native s | control / native | loopback / native | amlfs fuse / native | amlfs native / native |\n|---|---|---|---|---|---|---|---|---|---|\n'
 for s in $STEPS; do
-  n=${R[native,$s]}; l=${R[lb,$s]}; a=${R[am,$s]}; an=${R[amn,$s]}
-  printf '| %s | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.2fx |\n' "$s" "$n" "$l" "$a" "$an" "$(echo "$l / $n" | bc -l)" "$(echo "$a / $n" | bc -l)" "$(echo "$an / $n" | bc -l)"
+  n=${R[native,$s]}; c=${R[ctl,$s]}; l=${R[lb,$s]}; a=${R[am,$s]}; an=${R[amn,$s]}
+  printf '| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.2fx | %.2fx |\n' "$s" "$n" "$c" "$l" "$a" "$an" "$(echo "$c / $n" | bc -l)" "$(echo "$l / $n" | bc -l)" "$(echo "$a / $n" | bc -l)" "$(echo "$an / $n" | bc -l)"
 done
