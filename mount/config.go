@@ -19,8 +19,8 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
-	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/s3client"
 )
 
 // StoreNone (--store none) mounts only the live mounts, with no workspace.
@@ -327,7 +327,7 @@ func ParseStore(store string) (StoreSpec, error) {
 		}
 		return StoreSpec{Kind: "file", Dir: dir}, nil
 	case "s3":
-		su, err := s3p.ParseURL(store, revision.DefaultS3Prefix)
+		su, err := s3client.ParseURL(store, revision.DefaultS3Prefix)
 		if err != nil {
 			return StoreSpec{}, invalid(store, "%v", err)
 		}
@@ -350,7 +350,7 @@ func fileURLDir(u *url.URL, subject, what string) (string, error) {
 }
 
 // S3Options are the S3 settings from the command line.
-type S3Options = s3p.Options
+type S3Options = s3client.Options
 
 // OpenStore returns the store for workspace id.
 func OpenStore(ctx context.Context, store string, s3o S3Options, id string) (revision.Store, error) {
@@ -359,7 +359,7 @@ func OpenStore(ctx context.Context, store string, s3o S3Options, id string) (rev
 		return nil, err
 	}
 	if spec.Kind == "s3" {
-		client, err := s3p.NewClient(ctx, s3o)
+		client, err := s3client.NewClient(ctx, s3o)
 		if err != nil {
 			return nil, err
 		}

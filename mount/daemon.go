@@ -27,6 +27,7 @@ import (
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/s3client"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
@@ -1090,7 +1091,7 @@ func (d *Daemon) openLive(ctx context.Context) ([]fuse.Live, error) {
 				// for a minute: the caller may retry.
 				o.MaxAttempts = 3
 				var err error
-				if client, err = s3p.NewClient(ctx, o); err != nil {
+				if client, err = s3client.NewClient(ctx, o); err != nil {
 					return nil, amlerr.Wrap(amlerr.InvalidConfig, m.Prefix, err)
 				}
 				dir, err := liveCacheDir(d.cfg.CacheDir)

@@ -6,7 +6,7 @@ import (
 	"sort"
 	"strings"
 
-	s3p "github.com/amlfs/amlfs/providers/s3"
+	"github.com/amlfs/amlfs/s3client"
 )
 
 // MountSpec is one live mount: --mount /PREFIX=URL[,ro].
@@ -59,7 +59,7 @@ func ParseMountSpec(s string) (MountSpec, error) {
 		}
 		m.Kind = "file"
 	case "s3":
-		su, err := s3p.ParseURL(m.URL, "")
+		su, err := s3client.ParseURL(m.URL, "")
 		if err != nil {
 			return MountSpec{}, invalid(s, "%v", err)
 		}

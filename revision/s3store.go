@@ -19,7 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"golang.org/x/sync/errgroup"
 
-	s3p "github.com/amlfs/amlfs/providers/s3"
+	"github.com/amlfs/amlfs/s3client"
 )
 
 // DefaultS3Prefix is AML's default key prefix for S3 workspaces.
@@ -88,19 +88,19 @@ func (s *S3Store) wrap(op, key string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case s3p.Code(err) == "NoSuchBucket":
+	case s3client.Code(err) == "NoSuchBucket":
 		// Not "no index yet": a new workspace needs a bucket.
-		return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3p.Explain(s.Bucket, err))
-	case s3p.IsNotFound(err):
+		return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3client.Explain(s.Bucket, err))
+	case s3client.IsNotFound(err):
 		return fmt.Errorf("%w: s3://%s/%s", ErrNotExist, s.Bucket, key)
-	case s3p.IsPrecondition(err):
+	case s3client.IsPrecondition(err):
 		return fmt.Errorf("%w: s3://%s/%s", ErrPrecondition, s.Bucket, key)
 	}
-	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3p.Explain(s.Bucket, err))
+	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3client.Explain(s.Bucket, err))
 }
 
 func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, string, error) {
-	out, err := s3p.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(key)})
+	out, err := s3client.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(key)})
 	if err != nil {
 		return nil, "", s.wrap("get", key, err)
 	}
@@ -144,7 +144,7 @@ func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (s
 }
 
 func (s *S3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
-	out, err := s3p.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
+	out, err := s3client.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
 	if err != nil {
 		return nil, s.wrap("get", s.key(key), err)
 	}
@@ -216,7 +216,7 @@ func (s *S3Store) Remove(ctx context.Context, key string) error {
 		return s.deletePrefix(ctx, s.key(key))
 	}
 	_, err := s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
-	if err != nil && !s3p.IsNotFound(err) {
+	if err != nil && !s3client.IsNotFound(err) {
 		return s.wrap("delete", s.key(key), err)
 	}
 	return nil
@@ -412,7 +412,7 @@ func (st *s3Stager) holdsOurBytes(ctx context.Context, key string, body io.ReadS
 }
 
 // put uploads one object with If-None-Match: *, so it never replaces one;
-// large files go up in parallel parts (s3p.Put).
+// large files go up in parallel parts (s3client.Put).
 func (st *s3Stager) put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
 	return st.putObject(ctx, key, body, size, true, true)
 }
@@ -428,9 +428,9 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 		// A retry (!create) was expected by the first try.
 		st.expect(key)
 	}
-	_, err := s3p.Put(ctx, st.s.Client, s3p.Upload{Bucket: st.s.Bucket, Key: key, Body: ra, Size: size, IfNoneMatch: create})
+	_, err := s3client.Put(ctx, st.s.Client, s3client.Upload{Bucket: st.s.Bucket, Key: key, Body: ra, Size: size, IfNoneMatch: create})
 	if err != nil {
-		if create && s3p.IsPrecondition(err) {
+		if create && s3client.IsPrecondition(err) {
 			if st.holdsOurBytes(ctx, key, body, size) {
 				// Our own PUT landed and the SDK's retry of it failed
 				// its precondition.
@@ -456,7 +456,7 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 		closeLocal(local)
 		return err
 	}
-	src := s3p.CopySource(st.s.Bucket, st.s.key(fromKey))
+	src := s3client.CopySource(st.s.Bucket, st.s.key(fromKey))
 	st.g.Go(func() error {
 		defer closeLocal(local)
 		st.expect(key)
@@ -467,10 +467,10 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 			st.record(key, 0)
 			done(nil)
 			return nil
-		case s3p.IsPrecondition(err):
+		case s3client.IsPrecondition(err):
 			st.disown(key)
 			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
-		case s3p.IsNotFound(err):
+		case s3client.IsNotFound(err):
 			// The base revision was pruned: write the bytes from the
 			// tree.
 			if local == nil {
@@ -508,7 +508,7 @@ func (st *s3Stager) Abort(ctx context.Context) error {
 	written := slices.Clone(st.written)
 	st.mu.Unlock()
 	for _, k := range written {
-		if _, err := st.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.s.Bucket, Key: aws.String(k)}); err != nil && !s3p.IsNotFound(err) {
+		if _, err := st.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.s.Bucket, Key: aws.String(k)}); err != nil && !s3client.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}

@@ -19,8 +19,8 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
-	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/s3client"
 )
 
 func mountFlags() []cli.Flag {
@@ -75,7 +75,7 @@ func s3Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "s3-endpoint", Usage: "S3 endpoint URL (the AWS config chain and AWS_ENDPOINT_URL also apply)"},
 		&cli.BoolFlag{Name: "s3-path-style", Usage: "address buckets by path (http://host/bucket), as most S3-compatible servers want"},
-		&cli.DurationFlag{Name: "s3-timeout", Value: s3p.DefaultIOTimeout, Usage: "abort and retry an S3 request whose connection has been silent this long"},
+		&cli.DurationFlag{Name: "s3-timeout", Value: s3client.DefaultIOTimeout, Usage: "abort and retry an S3 request whose connection has been silent this long"},
 	}
 }
 

@@ -1,3 +1,8 @@
+// Package s3 is the S3 live mount (--mount /PREFIX=s3://bucket/prefix): a
+// bucket prefix served as a directory tree, with listings and metadata
+// cached for --metadata-ttl, file data in the local cache, and changes
+// uploaded in the background (queue), one key at a time. The S3 client
+// it uses is s3client's, shared with the durable S3 store.
 package s3
 
 import (
@@ -19,6 +24,7 @@ import (
 
 	"github.com/amlfs/amlfs/cache"
 	amlfuse "github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/s3client"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
@@ -247,14 +253,14 @@ func (l *Live) errno(op, key string, err error) syscall.Errno {
 		return en
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
-	case IsNotFound(err) && Code(err) != "NoSuchBucket":
+	case s3client.IsNotFound(err) && s3client.Code(err) != "NoSuchBucket":
 		return syscall.ENOENT
-	case Code(err) == "KeyTooLongError":
+	case s3client.Code(err) == "KeyTooLongError":
 		return syscall.ENAMETOOLONG
 	}
 	l.setHealth(err)
 	l.o.Log.Error("s3 live mount", "op", op, "path", l.url(key), "err", err)
-	if s := Status(err); s == http.StatusForbidden {
+	if s := s3client.Status(err); s == http.StatusForbidden {
 		return syscall.EACCES
 	}
 	return syscall.EIO
@@ -600,7 +606,7 @@ func (l *Live) head(ctx context.Context, e *ent) syscall.Errno {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
-		if IsNotFound(err) {
+		if s3client.IsNotFound(err) {
 			if e.isDir() {
 				e.metaKnown = true // no marker: the defaults stand
 				return 0
@@ -732,9 +738,9 @@ func (l *Live) get(ctx context.Context, key, etag string, f *cache.File, first, 
 	if etag != "" {
 		in.IfMatch = aws.String(etag)
 	}
-	out, err := Get(ctx, l.o.Client, in)
+	out, err := s3client.Get(ctx, l.o.Client, in)
 	if err != nil {
-		if IsPrecondition(err) {
+		if s3client.IsPrecondition(err) {
 			return fmt.Errorf("%s changed while it was read: %w", l.url(key), syscall.ESTALE)
 		}
 		return fmt.Errorf("get %s: %w", l.url(key), err)
@@ -778,7 +784,7 @@ func (l *Live) runOps(batch []*op) []error {
 			// Not every server has DeleteObjects: one at a time.
 			for i, o := range batch {
 				_, errs[i] = l.o.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.o.Bucket, Key: aws.String(o.key)})
-				if errs[i] != nil && IsNotFound(errs[i]) {
+				if errs[i] != nil && s3client.IsNotFound(errs[i]) {
 					errs[i] = nil
 				}
 			}
@@ -829,7 +835,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	}
 	l.syncDirtyLocked(e)
 	gen, dirty, md := e.gen, e.dirty, metadata(e)
-	up := Upload{Bucket: l.o.Bucket, Key: o.key, Metadata: md}
+	up := s3client.Upload{Bucket: l.o.Bucket, Key: o.key, Metadata: md}
 	var body *strings.Reader
 	switch {
 	case e.isDir():
@@ -851,7 +857,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 	var err error
 	if up.Body == nil {
 		etag, err = l.setMetadata(ctx, o.key, md)
-		if IsNotFound(err) && Code(err) != "NoSuchBucket" {
+		if s3client.IsNotFound(err) && s3client.Code(err) != "NoSuchBucket" {
 			// Deleted by another client: there is nothing left to
 			// give the metadata to, now or on a retry.
 			l.o.Log.Error("s3 live mount: the object is gone from the bucket (deleted by another client?); its mode, owner and times are not saved", "op", "upload", "path", l.url(o.key))
@@ -861,7 +867,7 @@ func (l *Live) put(ctx context.Context, o *op) error {
 			return fmt.Errorf("set metadata of %s: the object is gone: %w", l.url(o.key), errGiveUp)
 		}
 	} else {
-		etag, err = Put(ctx, l.o.Client, up)
+		etag, err = s3client.Put(ctx, l.o.Client, up)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -895,12 +901,12 @@ func (l *Live) put(ctx context.Context, o *op) error {
 // so the object goes to a temporary key and back.
 func (l *Live) setMetadata(ctx context.Context, key string, md map[string]string) (string, error) {
 	tmp := key + ".amlfs-meta-" + strconv.FormatUint(l.ino.Add(1), 36)
-	if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &tmp, CopySource: aws.String(CopySource(l.o.Bucket, key)),
+	if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &tmp, CopySource: aws.String(s3client.CopySource(l.o.Bucket, key)),
 		Metadata: md, MetadataDirective: types.MetadataDirectiveReplace}); err != nil {
 		return "", err
 	}
 	defer l.o.Client.DeleteObject(context.WithoutCancel(ctx), &s3.DeleteObjectInput{Bucket: &l.o.Bucket, Key: &tmp})
-	out, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &key, CopySource: aws.String(CopySource(l.o.Bucket, tmp)),
+	out, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &key, CopySource: aws.String(s3client.CopySource(l.o.Bucket, tmp)),
 		MetadataDirective: types.MetadataDirectiveCopy})
 	if err != nil {
 		return "", err
@@ -943,7 +949,7 @@ func (l *Live) moveKeys(ctx context.Context, from, to string) error {
 				return err
 			}
 			_, err := l.o.Client.CopyObject(gctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &dst,
-				CopySource: aws.String(CopySource(l.o.Bucket, k))})
+				CopySource: aws.String(s3client.CopySource(l.o.Bucket, k))})
 			return err
 		})
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse/posix"
+	"github.com/amlfs/amlfs/s3client"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -528,7 +529,7 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	if link != "" || !remote {
 		return []byte(link), 0
 	}
-	out, err := Get(ctx, n.l.o.Client, &s3.GetObjectInput{Bucket: &n.l.o.Bucket, Key: &key})
+	out, err := s3client.Get(ctx, n.l.o.Client, &s3.GetObjectInput{Bucket: &n.l.o.Bucket, Key: &key})
 	if err != nil {
 		return nil, n.l.errno("readlink", key, err)
 	}
@@ -712,7 +713,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return l.errno("rename", fromKey, err)
 		}
 	} else if clean {
-		if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &toKey, CopySource: aws.String(CopySource(l.o.Bucket, fromKey))}); err != nil {
+		if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &toKey, CopySource: aws.String(s3client.CopySource(l.o.Bucket, fromKey))}); err != nil {
 			return l.errno("rename", fromKey, err)
 		}
 	}

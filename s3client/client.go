@@ -1,8 +1,12 @@
-// Package s3 holds amlfs's S3 client setup: the AWS SDK's standard config
-// chain (environment, profiles, AWS_ENDPOINT_URL, AWS_CA_BUNDLE), plus the
-// endpoint and path-style overrides from the command line, and a retryer
-// that backs off on throttling and 5xx but never retries a 412.
-package s3
+// Package s3client is the S3 client both of amlfs's S3 users share, the
+// durable store (revision) and the live mount (providers/s3): the AWS
+// SDK's standard config chain (environment, profiles, AWS_ENDPOINT_URL,
+// AWS_CA_BUNDLE) plus the endpoint and path-style overrides from the
+// command line, a retryer that backs off on throttling and 5xx but never
+// retries a 412, GETs whose bodies survive a broken connection (Get),
+// uploads that are conditional where asked (Put), s3:// URLs, and the
+// mapping of S3 errors to what they mean.
+package s3client
 
 import (
 	"context"
