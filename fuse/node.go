@@ -191,15 +191,10 @@ func (n *node) ensure(ctx context.Context) syscall.Errno {
 
 // ensureDir has the content provider make a lazily restored directory's
 // entries before anything looks inside or changes it.
-func (n *node) ensureDir(ctx context.Context) syscall.Errno {
-	if n.fs.content == nil || !n.fs.content.Lazy() {
-		return 0
-	}
-	rel := n.Path(nil)
-	return ToErrno(n.fs.log, "populate", rel, n.fs.content.EnsureDir(ctx, rel))
-}
+func (n *node) ensureDir(ctx context.Context) syscall.Errno { return n.ensureChildDir(ctx, "") }
 
-// ensureChildDir does ensureDir for n's child name, if it is a directory.
+// ensureChildDir does ensureDir for n's child name, if it is a directory
+// ("" for n itself).
 func (n *node) ensureChildDir(ctx context.Context, name string) syscall.Errno {
 	if n.fs.content == nil || !n.fs.content.Lazy() {
 		return 0
