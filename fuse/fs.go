@@ -12,6 +12,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/fuse/loopback"
+	"github.com/amlfs/amlfs/mount/mountpoint"
 )
 
 // Options configure a mount.
@@ -85,6 +87,7 @@ type Content interface {
 type FS struct {
 	control    string // Options.ControlSocket
 	server     *fuse.Server
+	mnt        *mountpoint.Mount // nil if fusermount3 mounted it, by path
 	root       *node
 	log        *slog.Logger
 	dir        string
@@ -110,15 +113,15 @@ type liveMount struct {
 // DefaultTimeout is the kernel entry/attr cache time.
 const DefaultTimeout = time.Hour
 
-// Mount serves opts.Dir at mountpoint.
-func Mount(mountpoint string, opts Options) (*FS, error) {
+// Mount serves opts.Dir on the directory at.
+func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
-	f := &FS{control: opts.ControlSocket, log: opts.Log, dir: opts.Dir, mountpoint: mountpoint, content: opts.Content,
+	f := &FS{control: opts.ControlSocket, log: opts.Log, dir: opts.Dir, mountpoint: at.Path(), content: opts.Content,
 		live: map[string]*liveMount{}, liveNames: map[string]bool{}, liveDirs: map[string]bool{}}
 	for _, l := range opts.Live {
 		// The workspace directory the live mount covers must exist so
@@ -144,17 +147,20 @@ func Mount(mountpoint string, opts Options) (*FS, error) {
 	}
 	f.root = &node{Node: lroot, fs: f}
 
-	server, err := serve(mountpoint, f.root, nil, opts, nil)
+	server, mnt, err := serve(at, f.root, nil, opts, nil)
 	if err != nil {
 		return nil, err
 	}
-	f.server = server
+	f.server, f.mnt = server, mnt
 	return f, nil
 }
 
-// serve mounts root at mountpoint with the options every amlfs FUSE mount
-// shares; tune, if set, adjusts them for one provider.
-func serve(mountpoint string, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, tune func(*fuse.MountOptions)) (*fuse.Server, error) {
+// serve mounts root on the directory at with the options every amlfs FUSE
+// mount shares; tune, if set, adjusts them for one provider. As root the
+// mount is made on at's descriptor (mountFD), never on its path; a daemon
+// that is not root mounts through fusermount3, which takes a path.
+func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, tune func(*fuse.MountOptions)) (*fuse.Server, *mountpoint.Mount, error) {
+	mp := at.Path()
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
 		FsName: opts.FsName,
@@ -183,7 +189,7 @@ func serve(mountpoint string, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr
 	for _, o := range opts.MountOptions {
 		if ok, err := owner.parse(o); ok {
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			continue
 		}
@@ -219,34 +225,84 @@ func serve(mountpoint string, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr
 	if opts.Ops != nil {
 		raw = &metered{RawFileSystem: raw, obs: opts.Ops}
 	}
-	server, err := fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
-	if err != nil && mo.DirectMountStrict && errors.Is(err, syscall.EPERM) {
-		// Root without CAP_SYS_ADMIN (a container): fusermount3 may
-		// still mount for us.
-		opts.Log.Info("direct mount refused; trying fusermount3", "op", "mount", "path", mountpoint, "err", err)
-		gopts.MountOptions.DirectMountStrict = false
-		server, err = fuse.NewServer(raw, mountpoint, &gopts.MountOptions)
-	}
-	if err != nil {
-		if strings.Contains(err.Error(), "fusermount") && errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("mount %s: %w (mounting as a user other than root needs the setuid fusermount3 of the fuse3 package: apt-get install fuse3)", mountpoint, err)
+	var mnt *mountpoint.Mount
+	target := mp
+	if canMountFD() {
+		dev, m, err := mountFD(at, &gopts.MountOptions)
+		switch {
+		case err == nil:
+			// go-fuse serves the /dev/fuse descriptor as its "magic"
+			// mountpoint: it neither mounts nor unmounts.
+			mnt, target = m, fmt.Sprintf("/dev/fd/%d", dev)
+			gopts.MountOptions.DirectMount, gopts.MountOptions.DirectMountStrict = false, false
+		case isPerm(err):
+			// Root without CAP_SYS_ADMIN (a container): fusermount3 may
+			// still mount for us, by path.
+			opts.Log.Info("mounting by descriptor refused; trying fusermount3", "op", "mount", "path", mp, "err", err)
+			gopts.MountOptions.DirectMountStrict = false
+		default:
+			return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
 		}
-		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	server, err := fuse.NewServer(raw, target, &gopts.MountOptions)
+	if err != nil {
+		if mnt != nil {
+			mnt.Unmount(true)
+			mnt.Close()
+		}
+		if strings.Contains(err.Error(), "fusermount") && errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("mount %s: %w (mounting as a user other than root needs the setuid fusermount3 of the fuse3 package: apt-get install fuse3)", mp, err)
+		}
+		return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
 	}
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {
-		server.Unmount()
-		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+		if mnt != nil {
+			mnt.Unmount(true)
+			mnt.Close()
+		} else {
+			server.Unmount()
+		}
+		return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
 	}
-	raiseReadahead(mountpoint, mo.MaxReadAhead, opts.Log)
-	return server, nil
+	if mnt == nil {
+		// fusermount3 mounted it by path: know it by its id from now on.
+		if mnt, err = at.Found(); err != nil {
+			server.Unmount()
+			return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
+		}
+	} else {
+		pollHack(mnt, opts.Log)
+	}
+	raiseReadahead(mnt, mo.MaxReadAhead, opts.Log)
+	return server, mnt, nil
+}
+
+// pollHack does what go-fuse's WaitMount does for a mount it made itself,
+// through the mount's root rather than its path: it opens go-fuse's own
+// poll file and polls it, so that the kernel learns at once that this
+// server does not support POLL (a poll through Go's runtime poller on a
+// file of the mount could otherwise deadlock the daemon).
+func pollHack(mnt *mountpoint.Mount, log *slog.Logger) {
+	root, err := mnt.Root()
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	fd, err := unix.Openat(int(root.Fd()), ".go-fuse-epoll-hack", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		log.Debug("poll hack", "err", err)
+		return
+	}
+	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	unix.Close(fd)
 }
 
 // MountLive serves one live mount alone, on its own FUSE connection, at
 // mountpoint (native serving: the workspace around it is a bind mount).
 // noXattr answers ENOSYS to every xattr request, so that the kernel stops
 // asking (an S3 mount has none): two round trips fewer per file of ls -l.
-func MountLive(mountpoint string, l Live, noXattr bool, opts Options) (*FS, error) {
+func MountLive(at *mountpoint.Dir, l Live, noXattr bool, opts Options) (*FS, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -258,11 +314,11 @@ func MountLive(mountpoint string, l Live, noXattr bool, opts Options) (*FS, erro
 	// API's delete) sees one mount from the root down, not a boundary
 	// below the root.
 	attr := l.Attr
-	server, err := serve(mountpoint, l.Root, &attr, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
+	server, mnt, err := serve(at, l.Root, &attr, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
 	if err != nil {
 		return nil, err
 	}
-	return &FS{server: server, log: opts.Log, mountpoint: mountpoint}, nil
+	return &FS{server: server, mnt: mnt, log: opts.Log, mountpoint: at.Path()}, nil
 }
 
 // raiseReadahead lifts the kernel's readahead for the mount to kb bytes.
@@ -270,9 +326,14 @@ func MountLive(mountpoint string, l Live, noXattr bool, opts Options) (*FS, erro
 // that reach amlfs (a live mount's uncached data) come 128 KiB at a time;
 // as root, amlfs sets the mount's bdi read_ahead_kb, as an admin would.
 // Best effort: without it reads are only smaller.
-func raiseReadahead(mountpoint string, bytes int, log *slog.Logger) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(mountpoint, &st); err != nil {
+func raiseReadahead(mnt *mountpoint.Mount, bytes int, log *slog.Logger) {
+	root, err := mnt.Root()
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(root.Fd()), &st); err != nil {
 		return
 	}
 	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
@@ -315,16 +376,30 @@ func (f *FS) Wait() { f.server.Wait() }
 // is still busy it detaches the mount lazily (MNT_DETACH) when lazy is set:
 // new opens fail at once and the daemon keeps serving open files until they
 // are closed.
+//
+// The mount is unmounted by its mount id and held descriptors, never by
+// its path: a parent renamed or swapped for a symlink cannot turn the
+// unmount onto another mount, and a mount moved elsewhere is detached
+// where it is.
 func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 	deadline := time.Now().Add(wait)
 	for {
-		err := f.server.Unmount()
+		var err error
+		if canMountFD() {
+			if err = f.mnt.Unmount(false); err == nil {
+				f.server.Wait()
+			}
+		} else {
+			// Not root: only fusermount3 may unmount, and it takes a
+			// path (its own checks make it the user's own mount).
+			err = f.server.Unmount()
+		}
 		if err == nil {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			if lazy && isBusy(err) {
-				if err := syscall.Unmount(f.mountpoint, syscall.MNT_DETACH); err != nil {
+		if time.Now().After(deadline) || !isBusy(err) {
+			if lazy {
+				if err := f.detach(); err != nil {
 					return fmt.Errorf("lazy unmount: %w", err)
 				}
 				f.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", f.mountpoint)
@@ -335,6 +410,21 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// detach detaches the mount lazily.
+func (f *FS) detach() error {
+	if canMountFD() {
+		return f.mnt.Unmount(true)
+	}
+	out, err := exec.Command("fusermount3", "-u", "-z", f.mountpoint).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("fusermount3 -uz: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Mount is the mount, known by its id and held by descriptor.
+func (f *FS) Mount() *mountpoint.Mount { return f.mnt }
 
 func isBusy(err error) bool {
 	return errors.Is(err, syscall.EBUSY) || strings.Contains(err.Error(), "busy")

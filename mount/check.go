@@ -14,6 +14,7 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/mount/mountpoint"
 	"github.com/amlfs/amlfs/revision"
 	"golang.org/x/sys/unix"
 )
@@ -102,21 +103,7 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 	checkFUSE(&r, cfg.fuseOptions)
 	checkServe(&r, cfg)
 	if mp != "" {
-		_, err := os.Stat(cfg.Mountpoint)
-		switch {
-		case IsDeadMount(cfg.Mountpoint):
-			r.add("mountpoint", "warn", "%s is a dead mount; mount will clean it", cfg.Mountpoint)
-		case errors.Is(err, os.ErrNotExist):
-			r.add("mountpoint", "ok", "%s does not exist; mount will create it", cfg.Mountpoint)
-		case err != nil:
-			r.add("mountpoint", "fail", "%v", err)
-		default:
-			if m, _ := isMountpoint(cfg.Mountpoint); m {
-				r.add("mountpoint", "fail", "%s is already a mount point", cfg.Mountpoint)
-			} else {
-				r.add("mountpoint", "ok", "%s is free", cfg.Mountpoint)
-			}
-		}
+		checkMountpoint(&r, cfg)
 	}
 	if r.Failed() {
 		for _, it := range r.Items {
@@ -171,6 +158,39 @@ func checkFUSE(r *CheckReport, opts []string) {
 	r.add("fuse", "ok", "a trial mount worked (%s)", how)
 }
 
+// checkMountpoint says whether mount would take the mountpoint.
+func checkMountpoint(r *CheckReport, cfg Config) {
+	mp := cfg.Mountpoint
+	at, err := mountpoint.Open(mp, mountpoint.Policy{AllowUserOwnedParents: cfg.AllowUserOwnedParents})
+	var me *mountpoint.Error
+	switch {
+	case errors.As(err, &me):
+		r.add("mountpoint", "fail", "%s: %s", me.Path, me.Msg)
+		return
+	case errors.Is(err, os.ErrNotExist):
+		r.add("mountpoint", "ok", "%s does not exist; mount will create it", mp)
+		return
+	case err != nil:
+		r.add("mountpoint", "fail", "%v", err)
+		return
+	}
+	defer at.Close()
+	if mounted, _ := at.IsMounted(); !mounted {
+		r.add("mountpoint", "ok", "%s is free", mp)
+		return
+	}
+	top, err := at.Top()
+	if err == nil {
+		err = probeFD(top)
+		top.Close()
+	}
+	if isDead(err) {
+		r.add("mountpoint", "warn", "%s is a dead mount; mount will clean it", mp)
+	} else {
+		r.add("mountpoint", "fail", "%s is already a mount point", mp)
+	}
+}
+
 // trialMount mounts an empty tree on a scratch directory as mount would,
 // lists its root through the kernel, and unmounts it. It never leaves the
 // mount behind: a root that does not answer within 10 s is detached.
@@ -186,7 +206,12 @@ func trialMount(opts []string) error {
 			return err
 		}
 	}
-	f, err := fuse.Mount(mp, fuse.Options{Dir: backing, FsName: "amlfs:check", MountOptions: opts})
+	at, err := mountpoint.Open(mp, mountpoint.Policy{})
+	if err != nil {
+		return err
+	}
+	defer at.Close()
+	f, err := fuse.Mount(at, fuse.Options{Dir: backing, FsName: "amlfs:check", MountOptions: opts})
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,9 @@ const (
 // Config is everything `amlfs mount` takes.
 type Config struct {
 	Mountpoint string
+	// AllowUserOwnedParents accepts a mountpoint a parent of which another
+	// user could rename or replace (mountpoint.Policy).
+	AllowUserOwnedParents bool
 	Store      string // file:///dir
 	ID         string
 	Load       string // current | REV | none

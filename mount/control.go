@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/mount/mountpoint"
 	"github.com/amlfs/amlfs/tools"
 )
 
@@ -190,7 +192,24 @@ func (d *Daemon) serveControl() (*control, error) {
 		}
 		writeJSON(w, http.StatusOK, map[string][]string{"refreshed": done})
 	})
-	tfs := tools.New(d.cfg.Mountpoint, d.cfg.SandboxPath)
+	// Tool calls are served beneath the mount's root, held from now on:
+	// no path is resolved again, so a parent of the mountpoint renamed
+	// or swapped for a symlink cannot turn them onto another tree.
+	root, err := d.fs.Mount().Root()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	sandbox := d.cfg.SandboxPath
+	if sandbox == "" {
+		sandbox = d.cfg.Mountpoint
+	}
+	tfs, err := tools.NewOn(root, sandbox)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	d.tools = tfs
 	mux.HandleFunc("GET /v1/tools", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, tools.Tools)
 	})
@@ -227,26 +246,46 @@ func (d *Daemon) serveControl() (*control, error) {
 type Client struct {
 	http *http.Client
 	path string
+	// mp is the mountpoint as given (absolute), and mountID the id of the
+	// mount found there (0: none). Every request but a status goes only
+	// to a daemon whose status names both (verify).
+	mp       string
+	mountID  uint64
+	verified bool
 }
 
 // ErrNotRunning means no daemon serves the mountpoint.
 var ErrNotRunning = errors.New("no amlfs daemon serves this mountpoint")
 
-// NewClient returns a client for the daemon serving mountpoint.
+// NewClient returns a client for the daemon serving mountpoint. The path
+// is resolved with no symlink followed, and a daemon is talked to only if
+// its status names the mount found there, by id, and the same
+// mountpoint: a socket named by another path, a planted xattr or a
+// parent swapped for a symlink cannot turn a command onto another mount.
 func NewClient(mountpoint string) (*Client, error) {
 	mp, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return nil, err
 	}
+	c := &Client{mp: mp}
+	top, err := openTop(mp)
+	if err != nil {
+		return nil, err
+	}
+	if top != nil {
+		defer top.Close()
+		c.mountID = mountRootID(top)
+	}
 	path := SocketPath(mp)
-	if _, err := os.Lstat(path); err != nil {
+	if _, err := os.Lstat(path); err != nil && c.mountID != 0 {
 		// Another runtime dir (a client started with an empty
 		// environment): the mount itself names its daemon's socket.
-		if p, ok := socketFromMount(mp); ok {
+		if p, ok := socketFromMount(top, c.mountID); ok {
 			path = p
 		}
 	}
-	return &Client{path: path, http: &http.Client{Transport: &http.Transport{
+	c.path = path
+	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			// A socket in a runtime dir others could write to may be
 			// anyone's: never talk to it.
@@ -256,10 +295,83 @@ func NewClient(mountpoint string) (*Client, error) {
 			var dl net.Dialer
 			return dl.DialContext(ctx, "unix", path)
 		},
-	}}}, nil
+	}}
+	return c, nil
 }
 
+// openTop opens what is at mp now (the root of the topmost mount on it),
+// following no symlink; nil if nothing is there.
+func openTop(mp string) (*os.File, error) {
+	if mp == "/" {
+		return nil, nil
+	}
+	at, err := mountpoint.Open(mp, mountpoint.Policy{AllowUserOwnedParents: true})
+	var me *mountpoint.Error
+	switch {
+	case errors.As(err, &me):
+		return nil, invalid(me.Path, "%s", me.Msg)
+	case errors.Is(err, os.ErrNotExist):
+		return nil, nil
+	case err != nil && isDead(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	defer at.Close()
+	top, err := at.Top()
+	if err != nil {
+		return nil, nil
+	}
+	return top, nil
+}
+
+// mountRootID is the id of the mount whose root is open as f, or 0 if f
+// is not a mount's root.
+func mountRootID(f *os.File) uint64 {
+	var st unix.Statx_t
+	if unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st) != nil ||
+		st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return 0
+	}
+	return st.Mnt_id
+}
+
+// verify checks, once, that the daemon behind the socket serves the mount
+// found at the client's path.
+func (c *Client) verify(ctx context.Context) error {
+	if c.verified {
+		return nil
+	}
+	if c.mountID == 0 {
+		return ErrNotRunning
+	}
+	var st Status
+	if err := c.get(ctx, "/v1/status", &st); err != nil {
+		return err
+	}
+	if st.MountID != c.mountID || filepath.Clean(st.Mountpoint) != c.mp {
+		return fmt.Errorf("%w: the daemon behind %s serves mount %d at %s, but %s is mount %d: refusing to talk to it", ErrWrongDaemon, c.path, st.MountID, st.Mountpoint, c.mp, c.mountID)
+	}
+	c.verified = true
+	return nil
+}
+
+// ErrWrongDaemon is a control socket whose daemon does not serve the
+// mount at the path given.
+var ErrWrongDaemon = errors.New("not this mount's daemon")
+
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	if err := c.verify(ctx); err != nil {
+		return err
+	}
+	return c.request(ctx, method, path, body, out)
+}
+
+func (c *Client) get(ctx context.Context, path string, out any) error {
+	return c.request(ctx, http.MethodGet, path, nil, out)
+}
+
+func (c *Client) request(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		data, _ := json.Marshal(body)
@@ -299,6 +411,9 @@ func (c *Client) roundTrip(ctx context.Context, method, path string, body io.Rea
 
 // Tool runs a tool call; a failed call returns a *tools.Error.
 func (c *Client) Tool(ctx context.Context, name string, args json.RawMessage) (json.RawMessage, error) {
+	if err := c.verify(ctx); err != nil {
+		return nil, err
+	}
 	status, data, err := c.roundTrip(ctx, http.MethodPost, "/v1/tools/"+url.PathEscape(name), bytes.NewReader(args))
 	if err != nil {
 		return nil, err
@@ -355,14 +470,22 @@ func (c *Client) Refresh(ctx context.Context, path string) ([]string, error) {
 	return out.Refreshed, err
 }
 
-// socketFromMount asks the mount root for its daemon's control socket
-// (fuse.ControlXattr), and takes the answer only if it is a socket this
-// user owns.
-func socketFromMount(mp string) (string, bool) {
+// socketFromMount asks the mount root, open as top, for its daemon's
+// control socket, and takes the answer only if it is a socket this user
+// owns. Natively it is the root-only NativeControlXattr; through FUSE the
+// virtual fuse.ControlXattr, read only from a mount whose type is amlfs's
+// own. The daemon behind it must still name this mount (verify).
+func socketFromMount(top *os.File, id uint64) (string, bool) {
 	buf := make([]byte, 4096)
-	n, err := unix.Getxattr(mp, fuse.ControlXattr, buf)
+	at := "/proc/self/fd/" + strconv.Itoa(int(top.Fd()))
+	n, err := unix.Getxattr(at, NativeControlXattr, buf)
 	if err != nil || n == 0 {
-		return "", false
+		if fstype, _ := mountType(id); fstype != "fuse.amlfs" {
+			return "", false
+		}
+		if n, err = unix.Getxattr(at, fuse.ControlXattr, buf); err != nil || n == 0 {
+			return "", false
+		}
 	}
 	p := string(buf[:n])
 	var st unix.Stat_t

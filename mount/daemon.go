@@ -23,6 +23,8 @@ import (
 	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/metrics"
+	"github.com/amlfs/amlfs/mount/mountpoint"
+	"github.com/amlfs/amlfs/tools"
 	"github.com/amlfs/amlfs/native"
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
@@ -41,6 +43,10 @@ type Daemon struct {
 	slot  *os.File // flock'd claim on the working-directory slot
 	ws    *revision.Workspace
 	fs    server
+	// at is the mountpoint, resolved once (mountpoint.Open); tools serve
+	// tool calls beneath the mount's root, held from the mount on.
+	at    *mountpoint.Dir
+	tools *tools.FS
 	// serve is how the workspace is served, "native" or "fuse", and
 	// serveWhy why (Config.Serve and what this host can do).
 	serve, serveWhy string
@@ -94,6 +100,8 @@ type server interface {
 	// Freeze holds changes back while a snapshot is taken, if it can.
 	Freeze() (thaw func())
 	Passthrough() bool
+	// Mount is the mount, known by its id and held by descriptor.
+	Mount() *mountpoint.Mount
 	// Wait returns once the mount went away.
 	Wait()
 	Unmount(wait time.Duration, lazy bool) error
@@ -159,6 +167,9 @@ type Status struct {
 	ID              string `json:"id"`
 	Store           string `json:"store"`
 	Mountpoint      string `json:"mountpoint"`
+	// MountID is the mount's id (statx's stx_mnt_id, mountinfo's first
+	// field): a client checks that the path it was given is this mount.
+	MountID         uint64 `json:"mountId"`
 	WorkDir         string `json:"workDir"`
 	PID             int    `json:"pid"`
 	Phase           string `json:"phase"`
@@ -317,9 +328,12 @@ func (d *Daemon) setPhase(p string) {
 
 func (d *Daemon) start(ctx context.Context) error {
 	cfg := &d.cfg
-	if err := prepareMountpoint(cfg.Mountpoint, slices.Contains(cfg.FuseOptions, "nonempty"), d.notify); err != nil {
+	at, err := prepareMountpoint(cfg.Mountpoint, mountpoint.Policy{AllowUserOwnedParents: cfg.AllowUserOwnedParents, Create: true},
+		slices.Contains(cfg.FuseOptions, "nonempty"), d.notify)
+	if err != nil {
 		return err
 	}
+	d.at = at
 	if cfg.Store == StoreNone {
 		return d.startNoWorkspace(ctx)
 	}
@@ -381,7 +395,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.serve == ServeNative {
 		fsys, err = d.mountNative(ctx, live, wlog)
 	} else {
-		fsys, err = fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+		fsys, err = fuse.Mount(d.at, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
 			Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
 			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.ws.Shown(),
 		})
@@ -437,7 +451,7 @@ func (d *Daemon) startNoWorkspace(ctx context.Context) error {
 		fsys, err = d.mountNoWorkspaceNative(dir, live)
 	} else {
 		d.serveWhy += "; --store none: the root is a read-only list of the live mounts"
-		fsys, err = fuse.Mount(cfg.Mountpoint, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+		fsys, err = fuse.Mount(d.at, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
 			Dir: dir, FsName: "amlfs:none", MountOptions: cfg.fuseOptions, ReadOnlyRoot: true,
 			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log, Live: live, Ops: d.metrics,
 		})
@@ -601,6 +615,9 @@ func (d *Daemon) notify(format string, args ...any) {
 }
 
 func (d *Daemon) cleanupFailedStart(ctx context.Context) {
+	if d.at != nil {
+		d.at.Close()
+	}
 	if d.slot != nil {
 		d.slot.Close()
 	}
@@ -611,40 +628,59 @@ func (d *Daemon) cleanupFailedStart(ctx context.Context) {
 	}
 }
 
-// prepareMountpoint creates the mountpoint if needed and cleans a dead
-// mount left by a crashed daemon.
-func prepareMountpoint(mp string, nonempty bool, notify func(string, ...any)) error {
-	if IsDeadMount(mp) {
-		notify("cleaned a stale mount at %s (transport endpoint is not connected), left by a crashed daemon", mp)
-		if uerr := Detach(mp); uerr != nil {
-			return fmt.Errorf("clean stale mount at %s: %w", mp, uerr)
-		}
-	}
-	_, err := os.Stat(mp)
-	if errors.Is(err, os.ErrNotExist) {
-		return os.MkdirAll(mp, 0o755)
-	}
+// prepareMountpoint resolves the mountpoint once, under policy (making
+// it if needed), and cleans a dead mount left by a crashed daemon. From
+// then on the daemon reaches it only through the descriptors it returns.
+func prepareMountpoint(mp string, policy mountpoint.Policy, nonempty bool, notify func(string, ...any)) (*mountpoint.Dir, error) {
+	at, err := openMountpoint(mp, policy)
 	if err != nil {
-		return fmt.Errorf("mountpoint %s: %w", mp, err)
+		return nil, err
 	}
-	if mounted, _ := isMountpoint(mp); mounted {
-		if _, err := os.Stat(SocketPath(mp)); err == nil {
-			return invalid(mp, "already mounted by amlfs; `amlfs unmount %s` first", mp)
+	if mounted, _ := at.IsMounted(); mounted {
+		dead := false
+		if top, err := at.Top(); err == nil {
+			dead = isDead(probeFD(top))
+			top.Close()
 		}
-		return invalid(mp, "something is already mounted there")
+		if !dead {
+			at.Close()
+			if _, err := os.Stat(SocketPath(mp)); err == nil {
+				return nil, invalid(mp, "already mounted by amlfs; `amlfs unmount %s` first", mp)
+			}
+			return nil, invalid(mp, "something is already mounted there")
+		}
+		notify("cleaned a stale mount at %s (transport endpoint is not connected), left by a crashed daemon", mp)
+		uerr := at.Detach()
+		at.Close()
+		if uerr != nil {
+			return nil, fmt.Errorf("clean stale mount at %s: %w", mp, uerr)
+		}
+		if at, err = openMountpoint(mp, policy); err != nil {
+			return nil, err
+		}
 	}
 	// Mounting over files hides them until the unmount: only if asked.
-	if f, err := os.Open(mp); err == nil {
-		names, _ := f.Readdirnames(1)
-		f.Close()
-		if len(names) > 0 {
-			if !nonempty {
-				return invalid(mp, "the mountpoint is not empty (it holds %q, among others), and a mount would hide its files: empty it, choose another, or pass -o nonempty", names[0])
-			}
-			notify("warning: %s is not empty; its files (such as %q) are hidden under the mount until it is unmounted (-o nonempty)", mp, names[0])
+	if name, _ := at.Empty(); name != "" {
+		if !nonempty {
+			at.Close()
+			return nil, invalid(mp, "the mountpoint is not empty (it holds %q, among others), and a mount would hide its files: empty it, choose another, or pass -o nonempty", name)
 		}
+		notify("warning: %s is not empty; its files (such as %q) are hidden under the mount until it is unmounted (-o nonempty)", mp, name)
 	}
-	return nil
+	return at, nil
+}
+
+// openMountpoint is mountpoint.Open, its refusals INVALID_CONFIG.
+func openMountpoint(mp string, policy mountpoint.Policy) (*mountpoint.Dir, error) {
+	at, err := mountpoint.Open(mp, policy)
+	var me *mountpoint.Error
+	if errors.As(err, &me) {
+		return nil, invalid(me.Path, "mountpoint %s: %s", mp, me.Msg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mountpoint %s: %w", mp, err)
+	}
+	return at, nil
 }
 
 // loop waits for a stop: a signal, a control request, or an external
@@ -704,6 +740,10 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	<-d.prefetchDone
 	d.setPhase("unmounting")
 	var res StopResult
+	// The tools' descriptor of the root would hold the mount busy.
+	if d.tools != nil {
+		d.tools.Close()
+	}
 	d.unmountLive()
 	if unmount {
 		if err := d.fs.Unmount(3*time.Second, true); err != nil {
@@ -993,7 +1033,7 @@ func (d *Daemon) Status() Status {
 	defer d.mu.Unlock()
 	st := Status{
 		Metrics: snap,
-		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, WorkDir: d.workDir,
+		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, MountID: d.fs.Mount().ID(), WorkDir: d.workDir,
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
 		Passthrough: d.fs.Passthrough(), Serve: d.serve, ServeWhy: d.serveWhy, SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
 		Lock: "none", Health: "ok",

@@ -7,10 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/mount/mountpoint"
 )
 
 // isMountpoint reports whether path is a mount point, from
@@ -31,6 +34,28 @@ func isMountpoint(path string) (bool, error) {
 		}
 	}
 	return false, sc.Err()
+}
+
+// mountType is the file system type of the mount with id, from
+// /proc/self/mountinfo (the field after the " - " separator).
+func mountType(id uint64) (string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	want := strconv.FormatUint(id, 10)
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != want {
+			continue
+		}
+		for i, f := range fields {
+			if f == "-" && i+1 < len(fields) {
+				return fields[i+1], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no mount %d", id)
 }
 
 func unescapeMountinfo(s string) string {
@@ -72,12 +97,50 @@ func probeMount(mp string) error {
 	return nil
 }
 
+// probeFD is probeMount on a descriptor (O_PATH) of the mount's root.
+func probeFD(f *os.File) error {
+	var st unix.Statx_t
+	err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_FORCE_SYNC, unix.STATX_BASIC_STATS, &st)
+	if err != nil {
+		return &os.PathError{Op: "statx", Path: f.Name(), Err: err}
+	}
+	return nil
+}
+
+func isDead(err error) bool {
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+}
+
 // IsDeadMount reports whether mp is a FUSE mount whose daemon is gone
 // (killed, or crashed): every access fails with "transport endpoint is not
 // connected".
 func IsDeadMount(mp string) bool {
 	err := probeMount(mp)
 	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+// DetachIfDead detaches the FUSE mount at mp if its daemon is gone, and
+// reports whether it was dead. The path is resolved with no symlink
+// followed, and the mount detached through descriptors (as root).
+func DetachIfDead(mp string) (bool, error) {
+	at, err := mountpoint.Open(mp, mountpoint.Policy{AllowUserOwnedParents: true})
+	if err != nil {
+		return false, nil
+	}
+	defer at.Close()
+	top, err := at.Top()
+	if err != nil {
+		return false, nil
+	}
+	dead := isDead(probeFD(top))
+	top.Close()
+	if !dead {
+		return false, nil
+	}
+	if os.Geteuid() != 0 {
+		return true, Detach(mp)
+	}
+	return true, at.Detach()
 }
 
 // Detach removes the mount at mp lazily (MNT_DETACH): it leaves the

@@ -90,7 +90,7 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 		return nil, err
 	}
 	d.ws.FillOnAccess()
-	srv, err := d.serveNatively(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, Pending: revision.PendingXattr(),
+	srv, err := d.serveNatively(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, At: d.at, Pending: revision.PendingXattr(),
 		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
 		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")}, live)
 	if err != nil {
@@ -109,8 +109,11 @@ func (d *Daemon) serveNatively(opts native.Options, live []fuse.Live) (*native.S
 		}
 	}
 	// How a client with nothing but the mountpoint finds the daemon, as
-	// the FUSE root's virtual xattr tells it.
-	if err := unix.Setxattr(opts.Dir, fuse.ControlXattr, []byte(SocketPath(d.cfg.Mountpoint)), 0); err != nil {
+	// the FUSE root's virtual xattr tells it: a trusted.* xattr, which
+	// only root may set or read, so no sandbox user can plant one. A
+	// user.* one an earlier version set is removed.
+	unix.Removexattr(opts.Dir, fuse.ControlXattr)
+	if err := unix.Setxattr(opts.Dir, NativeControlXattr, []byte(SocketPath(d.cfg.Mountpoint)), 0); err != nil {
 		opts.Log.Debug("name the control socket on the root", "err", err)
 	}
 	srv, err := native.Mount(opts)
@@ -123,6 +126,10 @@ func (d *Daemon) serveNatively(opts native.Options, live []fuse.Live) (*native.S
 	return srv, nil
 }
 
+// NativeControlXattr names the control socket on a natively served
+// root. Only root (CAP_SYS_ADMIN) may set or read trusted.* xattrs.
+const NativeControlXattr = "trusted.amlfs.control"
+
 // mountLiveInside mounts each live mount on its own FUSE connection at its
 // prefix inside the natively served srv; on a failure it unmounts them
 // all, and srv.
@@ -134,8 +141,16 @@ func (d *Daemon) mountLiveInside(srv *native.Server, live []fuse.Live) error {
 	}
 	for i, l := range live {
 		m := cfg.Live[i]
-		mp := filepath.Join(cfg.Mountpoint, filepath.FromSlash(l.Rel))
-		fs, err := fuse.MountLive(mp, l, m.Kind == "s3", fuse.Options{FsName: "amlfs:" + name + ":" + m.Prefix, MountOptions: cfg.fuseOptions,
+		// Resolved beneath the workspace's own mount, with no symlink
+		// followed: the sandbox may change what is in it.
+		at, err := srv.Mount().Beneath(filepath.FromSlash(l.Rel))
+		if err != nil {
+			d.unmountLive()
+			srv.Unmount(time.Second, true)
+			srv.Close()
+			return fmt.Errorf("live mount %s: %w", m.Prefix, err)
+		}
+		fs, err := fuse.MountLive(at, l, m.Kind == "s3", fuse.Options{FsName: "amlfs:" + name + ":" + m.Prefix, MountOptions: cfg.fuseOptions,
 			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: d.log.With("provider", m.Kind, "mount", m.Prefix), Ops: d.metrics})
 		if err != nil {
 			d.unmountLive()
@@ -152,7 +167,7 @@ func (d *Daemon) mountLiveInside(srv *native.Server, live []fuse.Live) error {
 // the live mounts' prefixes, bind-mounted read-only, with each live mount
 // its own FUSE connection inside it.
 func (d *Daemon) mountNoWorkspaceNative(dir string, live []fuse.Live) (server, error) {
-	return d.serveNatively(native.Options{Dir: dir, Mountpoint: d.cfg.Mountpoint, ReadOnly: true, Log: d.log}, live)
+	return d.serveNatively(native.Options{Dir: dir, Mountpoint: d.cfg.Mountpoint, At: d.at, ReadOnly: true, Log: d.log}, live)
 }
 
 // unmountLive unmounts the live mounts' own FUSE connections, innermost

@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/mount/mountpoint"
 )
 
 // The keeper. A placeholder is a sparse file: if the daemon died and its
@@ -34,16 +36,23 @@ type keeper struct {
 	done chan struct{}
 }
 
-// startKeeper runs exe KeeperArg with the group and a pipe.
-func startKeeper(exe string, group int, mountpoint string, mntID uint64) (*keeper, error) {
+// startKeeper runs exe KeeperArg with the group, a pipe and the mount's
+// root.
+func startKeeper(exe string, group int, mnt *mountpoint.Mount) (*keeper, error) {
+	parent, name, err := mnt.Parent()
+	if err != nil {
+		return nil, err
+	}
+	defer parent.Close()
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
 	g := os.NewFile(uintptr(group), "fanotify")
-	cmd := exec.Command(exe, KeeperArg, mountpoint, strconv.FormatUint(mntID, 10))
-	cmd.ExtraFiles = []*os.File{g, r} // fds 3 and 4
+	cmd := exec.Command(exe, KeeperArg, mnt.Path(), strconv.FormatUint(mnt.ID(), 10), name)
+	// Not the mount's root: a descriptor of it would hold it busy.
+	cmd.ExtraFiles = []*os.File{g, r, parent} // fds 3, 4 and 5
 	cmd.Stderr = os.Stderr
 	// Its own process group: a Ctrl-C meant for the daemon must not end
 	// the keeper first.
@@ -69,25 +78,26 @@ func (k *keeper) stop() {
 }
 
 // RunKeeper is the keeper's main: fd 3 is the group, fd 4 the pipe from
-// the daemon. It returns only on a clean stop.
+// the daemon, fd 5 the mountpoint's parent. It returns only on a clean
+// stop.
 func RunKeeper(args []string) int {
-	if len(args) != 2 {
-		fmt.Fprintln(os.Stderr, "amlfs keeper: want MOUNTPOINT MOUNT-ID")
+	if len(args) != 3 {
+		fmt.Fprintln(os.Stderr, "amlfs keeper: want MOUNTPOINT MOUNT-ID NAME")
 		return 2
 	}
 	mp := args[0]
 	id, _ := strconv.ParseUint(args[1], 10, 64)
-	group, pipe := 3, os.NewFile(4, "daemon")
+	group, pipe, parent := 3, os.NewFile(4, "daemon"), os.NewFile(5, "parent")
 	buf := make([]byte, 1)
 	if n, _ := pipe.Read(buf); n == 1 && buf[0] == 'q' {
 		return 0 // a clean stop: the daemon answered everything
 	}
-	// The daemon died.
-	if cur, err := mountID(mp); err == nil && cur == id {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
-			fmt.Fprintf(os.Stderr, "amlfs keeper: the daemon died; detach %s: %v\n", mp, err)
-		}
+	// The daemon died. The mount is detached by its id, through the
+	// parent's descriptor, never by a path someone could have changed.
+	if err := mountpoint.DetachAt(parent, args[2], id); err != nil {
+		fmt.Fprintf(os.Stderr, "amlfs keeper: the daemon died; detach %s: %v\n", mp, err)
 	}
+	parent.Close()
 	fmt.Fprintf(os.Stderr, "amlfs keeper: the daemon serving %s died; detached the mount, and files not fetched yet give EIO until the workspace is mounted again\n", mp)
 	// Events the daemon read but never answered wait on descriptor
 	// numbers of the dead daemon: answer every number it could have had.

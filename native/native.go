@@ -33,6 +33,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/amlfs/amlfs/mount/mountpoint"
 )
 
 // Content fills placeholders. Its own fetches (a prefetch) must reach a
@@ -51,8 +53,10 @@ type Content interface {
 
 // Options configure a native mount.
 type Options struct {
-	// Dir is the working directory; Mountpoint gets a bind mount of it.
+	// Dir is the working directory; At, the mountpoint resolved once,
+	// gets a bind mount of it. Mountpoint is At's path, for messages.
 	Dir, Mountpoint string
+	At              *mountpoint.Dir
 	// Pending is the extended attribute that marks a placeholder.
 	Pending string
 	// Content fills placeholders; nil if the tree has none.
@@ -73,7 +77,7 @@ type Server struct {
 	hsm     int // FAN_CLASS_PRE_CONTENT group: placeholders
 	notify  int // notification group: changes
 	changes atomic.Int64
-	mntID   uint64 // the bind mount's id
+	mnt     *mountpoint.Mount // the bind mount
 	stop    [2]int // a pipe: closing stop[1] ends the loops
 	wg      sync.WaitGroup
 	gone    chan struct{} // closed when the mount went away
@@ -187,8 +191,8 @@ func Mount(opts Options) (*Server, error) {
 		// No placeholders (--store none): nothing for a keeper to answer.
 	} else if opts.Keeper == "" {
 		s.log.Warn("no keeper: if the daemon dies, files not fetched yet read as zeros until the mount is cleaned", "op", "mount", "path", opts.Mountpoint)
-	} else if s.keeper, err = startKeeper(opts.Keeper, s.hsm, opts.Mountpoint, s.mntID); err != nil {
-		unix.Unmount(opts.Mountpoint, unix.MNT_DETACH)
+	} else if s.keeper, err = startKeeper(opts.Keeper, s.hsm, s.mnt); err != nil {
+		s.mnt.Unmount(true)
 		return nil, fmt.Errorf("start the keeper: %w", err)
 	} else if opts.KeeperPID != "" {
 		os.WriteFile(opts.KeeperPID, []byte(strconv.Itoa(s.keeper.cmd.Process.Pid)), 0o600)
@@ -283,39 +287,23 @@ func (s *Server) unmark(f *os.File) {
 	}
 }
 
-// bind bind-mounts the directory at the mountpoint, private (so that the
-// live mounts mounted inside it never propagate back to the working
-// directory), nosuid and nodev as a FUSE mount is.
+// bind bind-mounts the directory on the mountpoint's descriptor, private
+// (so that the live mounts mounted inside it never propagate back to the
+// working directory), nosuid and nodev as a FUSE mount is. The mount is
+// whole (flags and all) before it is attached.
 func (s *Server) bind() error {
-	mp := s.opts.Mountpoint
-	if err := unix.Mount(s.opts.Dir, mp, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind-mount %s at %s: %w", s.opts.Dir, mp, err)
-	}
-	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND | unix.MS_NOSUID | unix.MS_NODEV)
-	if s.opts.ReadOnly {
-		flags |= unix.MS_RDONLY
-	}
-	err := unix.Mount("", mp, "", flags, "")
-	if err == nil {
-		err = unix.Mount("", mp, "", unix.MS_PRIVATE, "")
-	}
-	if err == nil {
-		s.mntID, err = mountID(mp)
-	}
+	fd, err := mountpoint.BindTree(s.opts.Dir, s.opts.ReadOnly)
 	if err != nil {
-		unix.Unmount(mp, unix.MNT_DETACH)
-		return fmt.Errorf("set up the bind mount at %s: %w", mp, err)
+		return fmt.Errorf("bind-mount %s: %w", s.opts.Dir, err)
+	}
+	if s.mnt, err = s.opts.At.Attach(fd); err != nil {
+		return fmt.Errorf("bind-mount %s: %w", s.opts.Dir, err)
 	}
 	return nil
 }
 
-func mountID(p string) (uint64, error) {
-	var st unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {
-		return 0, err
-	}
-	return st.Mnt_id, nil
-}
+// Mount is the bind mount, known by its id and held by descriptor.
+func (s *Server) Mount() *mountpoint.Mount { return s.mnt }
 
 // waitReadable polls fd and the stop pipe, for up to timeout ms (-1: no
 // bound); false once stopped.
@@ -433,7 +421,12 @@ func (s *Server) serveNotify() {
 	})
 }
 
-// watchMounts notices the mount going away (an external umount).
+// watchMounts notices the mount going away (an external umount, lazy or
+// not). A mount moved elsewhere, or whose mountpoint's parent was renamed,
+// is still this mount: it is known by its id, not by its path. A mount
+// detached while files of it are open is still served, as after a lazy
+// detach of the daemon's own: Close leaves the keeper while placeholders
+// may still be read through it.
 func (s *Server) watchMounts() {
 	defer s.wg.Done()
 	f, err := os.Open("/proc/self/mountinfo")
@@ -444,6 +437,7 @@ func (s *Server) watchMounts() {
 	defer f.Close()
 	for {
 		if !s.mounted() {
+			s.detached.Store(true)
 			s.once.Do(func() { close(s.gone) })
 			return
 		}
@@ -459,11 +453,8 @@ func (s *Server) watchMounts() {
 	}
 }
 
-// mounted reports whether the bind mount is still at the mountpoint.
-func (s *Server) mounted() bool {
-	id, err := mountID(s.opts.Mountpoint)
-	return err == nil && id == s.mntID
-}
+// mounted reports whether the bind mount is still in the namespace.
+func (s *Server) mounted() bool { return s.mnt.Attached() }
 
 // Changes returns the number of changes seen so far: after the first
 // since a Mark, further ones are not seen until the next, so it counts
@@ -515,19 +506,19 @@ func (s *Server) Unmount(wait time.Duration, lazy bool) error {
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		err := unix.Unmount(mp, 0)
-		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+		err := s.mnt.Unmount(false)
+		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, unix.EBUSY) {
-			return &os.PathError{Op: "umount", Path: mp, Err: err}
+		if !errors.Is(err, unix.EBUSY) && !lazy {
+			return err
 		}
-		if time.Now().After(deadline) {
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			if !lazy {
-				return &os.PathError{Op: "umount", Path: mp, Err: err}
+				return err
 			}
-			if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
-				return &os.PathError{Op: "umount", Path: mp, Err: err}
+			if err := s.mnt.Unmount(true); err != nil {
+				return err
 			}
 			s.detached.Store(true)
 			s.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", mp)

@@ -27,6 +27,7 @@ import (
 	"regexp/syntax"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -107,19 +108,51 @@ func errno(p string, err error) *Error {
 	return &Error{Code: "EIO", Message: err.Error(), Path: p}
 }
 
-// FS runs tool calls against the tree under a directory (the mountpoint).
+// FS runs tool calls against the tree under a directory (the mount's
+// root).
 type FS struct {
-	root   string
+	root   string // the root's path, if no descriptor is held
 	prefix string // where the sandbox sees root: paths in calls and results
+	// mu is held (read) through every call on a held root; Close takes
+	// it to close the root once no call is under way.
+	mu     sync.RWMutex
+	rootFD int  // GUARDED_BY(mu): the held root, or -1
+	closed bool // GUARDED_BY(mu)
 }
 
-// New serves the tree at root, which the sandbox sees at sandbox (the
-// same path, if empty).
+// New serves the tree at the path root, opened again for every call,
+// which the sandbox sees at sandbox (the same path, if empty).
 func New(root, sandbox string) *FS {
 	if sandbox == "" {
 		sandbox = root
 	}
-	return &FS{root: root, prefix: path.Clean("/" + sandbox)}
+	return &FS{root: root, rootFD: -1, prefix: path.Clean("/" + sandbox)}
+}
+
+// NewOn serves the tree beneath root, a descriptor the FS takes over:
+// no path is ever resolved again, so renaming or replacing a parent of
+// the mountpoint cannot turn a call onto another tree. The sandbox sees
+// the tree at sandbox.
+func NewOn(root *os.File, sandbox string) (*FS, error) {
+	fd, err := unix.Dup(int(root.Fd()))
+	root.Close()
+	if err != nil {
+		return nil, err
+	}
+	unix.CloseOnExec(fd)
+	return &FS{root: sandbox, rootFD: fd, prefix: path.Clean("/" + sandbox)}, nil
+}
+
+// Close waits for the calls under way and closes the held root; later
+// calls fail with EBADF (the daemon is stopping).
+func (t *FS) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.rootFD >= 0 {
+		unix.Close(t.rootFD)
+		t.rootFD = -1
+	}
+	t.closed = true
 }
 
 // rel turns a tool path into a path relative to the root ("." for the
@@ -161,11 +194,17 @@ func (t *FS) show(r string) string {
 
 // open resolves r beneath the root with openat2.
 func (t *FS) open(r string, flags int, mode uint32) (int, *Error) {
-	rootFD, err := unix.Open(t.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, errno(t.show(r), err)
+	if t.closed {
+		return -1, &Error{Code: "ESHUTDOWN", Message: "the daemon is stopping", Path: t.show(r)}
 	}
-	defer unix.Close(rootFD)
+	rootFD := t.rootFD
+	if rootFD < 0 {
+		var err error
+		if rootFD, err = unix.Open(t.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			return -1, errno(t.show(r), err)
+		}
+		defer unix.Close(rootFD)
+	}
 	fd, err := openBeneath(rootFD, r, flags, mode)
 	if err != nil {
 		return -1, t.resolveErr(r, err)
@@ -284,6 +323,8 @@ func Mutates(name string) bool {
 
 // Call runs tool name with its JSON arguments.
 func (t *FS) Call(ctx context.Context, name string, args json.RawMessage) (any, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	switch name {
 	case "read_file":
 		return run(args, t.ReadFile)

@@ -38,6 +38,7 @@ func mountFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "no-lock", Usage: "skip the writer lease (publication stays conditional)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics (host:port, such as 127.0.0.1:9100)"},
 		&cli.BoolFlag{Name: "discard-unsaved", Usage: "throw away a working tree a crashed or failed run left unsaved, instead of resuming it"},
+		&cli.BoolFlag{Name: "allow-user-owned-parents", Usage: "mount even where another user could rename or replace a parent of the mountpoint (such as /home/agent/workspace when run as root); no symlink is followed either way"},
 		&cli.StringFlag{Name: "cache-dir", Usage: "where working trees live", DefaultText: "$XDG_CACHE_HOME/amlfs"},
 		&cli.StringSliceFlag{Name: "o", Usage: "FUSE mount options, comma-separated (allow_other, default_permissions, ...)"},
 		&cli.DurationFlag{Name: "kernel-cache", Usage: "kernel entry/attr cache time", DefaultText: "1h"},
@@ -92,7 +93,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), Load: c.String("load"), From: c.String("from"),
 		Format: c.String("format"), Save: c.String("save"), Retention: c.Int("retention"),
 		Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
-		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), DiscardUnsaved: c.Bool("discard-unsaved"), MetricsAddr: c.String("metrics-addr"), CacheDir: c.String("cache-dir"),
+		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), DiscardUnsaved: c.Bool("discard-unsaved"), AllowUserOwnedParents: c.Bool("allow-user-owned-parents"), MetricsAddr: c.String("metrics-addr"), CacheDir: c.String("cache-dir"),
 		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
 		Restore: c.String("restore"), Serve: c.String("serve"), Keeper: executable(), Prefetch: c.Int("prefetch"), Mounts: c.StringSlice("mount"),
@@ -282,12 +283,16 @@ func unmountCommand() *cli.Command {
 				return err
 			}
 			res, err := cl.Unmount(c.Context, c.Bool("no-save"), c.String("revision"))
-			if err == mount.ErrNotRunning && mount.IsDeadMount(mp) {
+			dead := false
+			if err == mount.ErrNotRunning {
+				var derr error
 				// The daemon died (kill -9, a crash): nothing can save
 				// now, but the dead mount must not stay behind.
-				if err := mount.Detach(mp); err != nil {
-					return err
+				if dead, derr = mount.DetachIfDead(mp); derr != nil {
+					return derr
 				}
+			}
+			if dead {
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: %s was a dead mount (its daemon is gone); unmounted it without saving. The working tree is kept in the cache dir: the next mount of the workspace resumes it\n", mp)
 				return nil
 			}
