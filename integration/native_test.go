@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -232,9 +233,15 @@ func errorsIs(err error, target syscall.Errno) bool {
 // mount resumes the tree with every byte right.
 func TestNativeCrash(t *testing.T) {
 	want, h, mp2 := lazyNative(t, newEnv(t))
+	// A placeholder opened before the crash is filled by its open; a
+	// directory held open lets the test open others after the crash,
+	// through the detached mount.
 	f, err := os.Open(filepath.Join(mp2, "big.bin"))
 	must(t, err)
 	defer f.Close()
+	dir, err := os.Open(mp2)
+	must(t, err)
+	defer dir.Close()
 	pid := jsonInt(t, h.amlfs("status", mp2, "--json").stdout, "pid")
 	must(t, syscall.Kill(pid, syscall.SIGKILL))
 	deadline := time.Now().Add(10 * time.Second)
@@ -245,17 +252,26 @@ func TestNativeCrash(t *testing.T) {
 		t.Fatal("the keeper did not detach the mount of a dead daemon")
 	}
 	buf := make([]byte, 4096)
-	if n, err := f.Read(buf); !errorsIs(err, syscall.EIO) {
-		t.Fatalf("read of a placeholder after the daemon died: %d bytes (zeros: %v), %v; want EIO", n, bytes.Count(buf[:n], []byte{0}) == n, err)
+	if n, err := f.ReadAt(buf, 0); err != nil || !bytes.Equal(buf[:n], want["big.bin"][:n]) {
+		t.Fatalf("read of a file opened (so filled) before the crash: %d bytes, %v", n, err)
 	}
-	// The next mount takes the tree over: the same open file now reads.
+	if fd, err := unix.Openat(int(dir.Fd()), "d0/f0.txt", unix.O_RDONLY|unix.O_CLOEXEC, 0); !errorsIs(err, syscall.EIO) {
+		unix.Close(fd)
+		t.Fatalf("open of a placeholder after the daemon died: %v; want EIO", err)
+	}
+	// The next mount takes the tree over: the same detached tree now
+	// fills.
 	mp3 := h.mount("native", "--serve", "native", "--prefetch", "0")
 	if mp3 != mp2 {
 		t.Fatalf("mountpoint %s, want %s", mp3, mp2)
 	}
-	n, err := f.ReadAt(buf, 0)
-	if err != nil || !bytes.Equal(buf[:n], want["big.bin"][:n]) {
-		t.Fatalf("read through the descriptor held across the crash: %d bytes, %v", n, err)
+	fd, err := unix.Openat(int(dir.Fd()), "d0/f0.txt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	g := os.NewFile(uintptr(fd), "f0")
+	got, err := io.ReadAll(g)
+	g.Close()
+	if err != nil || !bytes.Equal(got, want["d0/f0.txt"]) {
+		t.Fatalf("read through the directory held across the crash: %q, %v", got, err)
 	}
 	checkTree(t, mp3, want)
 	f.Close()

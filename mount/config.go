@@ -77,6 +77,9 @@ type Config struct {
 	Keeper string
 	// Prefetch is the number of background fetches after a lazy restore.
 	Prefetch int
+	// FetchTimeout bounds one lazy fetch: a reader of a file not fetched
+	// yet waits at most this long, then gets EIO (0: the default).
+	FetchTimeout time.Duration
 	// UnsafeNoConditionalWrites lets a mount lock and publish to a store
 	// whose conditional writes failed the probe.
 	UnsafeNoConditionalWrites bool

@@ -192,23 +192,15 @@ func (d *Daemon) serveControl() (*control, error) {
 		}
 		writeJSON(w, http.StatusOK, map[string][]string{"refreshed": done})
 	})
-	// Tool calls are served beneath the mount's root, held from now on:
-	// no path is resolved again, so a parent of the mountpoint renamed
-	// or swapped for a symlink cannot turn them onto another tree.
-	root, err := d.fs.Mount().Root()
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
+	// Tool calls are served beneath the mount's root, reached through
+	// descriptors held since the mount and checked by mount id: no path
+	// is resolved again, so a parent of the mountpoint renamed or
+	// swapped for a symlink cannot turn them onto another tree.
 	sandbox := d.cfg.SandboxPath
 	if sandbox == "" {
 		sandbox = d.cfg.Mountpoint
 	}
-	tfs, err := tools.NewOn(root, sandbox)
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
+	tfs := tools.NewOn(d.fs.Mount().Root, sandbox)
 	d.tools = tfs
 	mux.HandleFunc("GET /v1/tools", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, tools.Tools)
@@ -349,7 +341,10 @@ func (c *Client) verify(ctx context.Context) error {
 	if err := c.get(ctx, "/v1/status", &st); err != nil {
 		return err
 	}
-	if st.MountID != c.mountID || filepath.Clean(st.Mountpoint) != c.mp {
+	// The mount found at the path must be the daemon's, and the path its
+	// mountpoint, or where the kernel says the mount is now (a parent of
+	// it renamed).
+	if st.MountID != c.mountID || filepath.Clean(st.Mountpoint) != c.mp && st.MountedAt != c.mp {
 		return fmt.Errorf("%w: the daemon behind %s serves mount %d at %s, but %s is mount %d: refusing to talk to it", ErrWrongDaemon, c.path, st.MountID, st.Mountpoint, c.mp, c.mountID)
 	}
 	c.verified = true

@@ -24,12 +24,12 @@ import (
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/metrics"
 	"github.com/amlfs/amlfs/mount/mountpoint"
-	"github.com/amlfs/amlfs/tools"
 	"github.com/amlfs/amlfs/native"
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
 	"github.com/amlfs/amlfs/s3client"
+	"github.com/amlfs/amlfs/tools"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
@@ -164,12 +164,15 @@ func (s *SaveInfo) Note() string {
 
 // Status is what `amlfs status` reports.
 type Status struct {
-	ID              string `json:"id"`
-	Store           string `json:"store"`
-	Mountpoint      string `json:"mountpoint"`
+	ID         string `json:"id"`
+	Store      string `json:"store"`
+	Mountpoint string `json:"mountpoint"`
 	// MountID is the mount's id (statx's stx_mnt_id, mountinfo's first
 	// field): a client checks that the path it was given is this mount.
-	MountID         uint64 `json:"mountId"`
+	MountID uint64 `json:"mountId"`
+	// MountedAt is where the mount is now, as the kernel names it: the
+	// mountpoint, unless a parent of it was renamed since.
+	MountedAt       string `json:"mountedAt"`
 	WorkDir         string `json:"workDir"`
 	PID             int    `json:"pid"`
 	Phase           string `json:"phase"`
@@ -365,7 +368,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
 		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog,
-		Watch: d.saveWatch()})
+		Watch: d.saveWatch(), FetchTimeout: cfg.FetchTimeout})
 	if err != nil {
 		return err
 	}
@@ -781,9 +784,15 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	d.setPhase("releasing")
 	if n, ok := d.fs.(*native.Server); ok && n.Detached() && n.Pending() > 0 {
 		// Processes still hold the detached mount's files open: give
-		// them every placeholder's bytes before the daemon goes.
-		d.ws.Prefetch(ctx, max(d.cfg.Prefetch, 4))
+		// them every placeholder's bytes before the daemon goes, within
+		// one fetch timeout.
+		pctx, cancel := context.WithTimeout(ctx, d.fetchTimeout())
+		d.ws.Prefetch(pctx, max(d.cfg.Prefetch, 4))
+		cancel()
 	}
+	// A fill waiting on a stalled store must not hold the stop: every
+	// fetch under way ends now, and its reader gets EIO.
+	d.ws.StopFetches()
 	d.fs.Close()
 	for _, c := range d.closers {
 		c()
@@ -851,6 +860,13 @@ func ReadLastStop(mountpoint string) (LastStop, bool) {
 		return ls, false
 	}
 	return ls, true
+}
+
+func (d *Daemon) fetchTimeout() time.Duration {
+	if d.cfg.FetchTimeout > 0 {
+		return d.cfg.FetchTimeout
+	}
+	return revision.DefaultFetchTimeout
 }
 
 // Commit checkpoints the workspace without unmounting.
@@ -1033,7 +1049,7 @@ func (d *Daemon) Status() Status {
 	defer d.mu.Unlock()
 	st := Status{
 		Metrics: snap,
-		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, MountID: d.fs.Mount().ID(), WorkDir: d.workDir,
+		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, MountID: d.fs.Mount().ID(), MountedAt: d.fs.Mount().Where(), WorkDir: d.workDir,
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
 		Passthrough: d.fs.Passthrough(), Serve: d.serve, ServeWhy: d.serveWhy, SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
 		Lock: "none", Health: "ok",

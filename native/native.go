@@ -3,19 +3,23 @@
 // the sandbox makes there is the disk's own, at the disk's speed.
 //
 // What the daemon still has to see, it sees through fanotify:
-//   - Lazy restore: every placeholder (a sparse file whose bytes are still
-//     in the store) carries an inode mark for FAN_PRE_ACCESS in a
-//     FAN_CLASS_PRE_CONTENT group (Linux 6.14 and later). The kernel
-//     blocks the first read, write, truncate or mmap of it until the
-//     daemon has written the bytes in place through the event's own
-//     descriptor, or answers EIO. The mark is removed once the file holds
-//     its bytes, so a fetched file costs nothing afterwards.
+//   - Lazy restore: every placeholder (a file of unwritten extents whose
+//     bytes are still in the store) carries an inode mark for
+//     FAN_OPEN_PERM and FAN_PRE_ACCESS in a FAN_CLASS_PRE_CONTENT group
+//     (Linux 6.14 and later). The kernel blocks the first open (and so
+//     every read, write, truncate, mmap, SEEK_DATA or copy_file_range
+//     after it) until the daemon has written the bytes in place through
+//     the event's own descriptor, or answers EIO. The mark is removed
+//     once the file holds its bytes, so a fetched file costs nothing
+//     afterwards.
+//
+// An external umount is noticed by the mount's id leaving
+// /proc/self/mountinfo, which signals every change of the mount table
+// with POLLPRI; a mount moved, or whose parent was renamed, is still
+// served.
 //   - Changes: every directory carries an inode mark in a notification
 //     group for the changes of its entries (FAN_REPORT_FID), which only
 //     count, so the daemon knows whether the tree changed since a save.
-//
-// An external umount is noticed through /proc/self/mountinfo, which
-// signals every change of the mount table with POLLPRI.
 package native
 
 import (
@@ -136,7 +140,7 @@ func Supported(dir string) (bool, string) {
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, int(f.Fd()), ""); err != nil {
+	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, placeholderMask, int(f.Fd()), ""); err != nil {
 		var st unix.Statfs_t
 		unix.Fstatfs(int(f.Fd()), &st)
 		return false, fmt.Sprintf("the cache disk's file system (magic %#x) refuses pre-content marks: %v", st.Type, err)
@@ -249,9 +253,11 @@ func (s *Server) markDir(fd int, name string, placeholders bool) (dirs, files in
 			}
 			dirs, files = dirs+d, files+f
 		case e.Type().IsRegular() && placeholders:
-			// Not O_PATH: fanotify_mark takes no O_PATH descriptor.
-			// Opening reads nothing, so it raises no event.
-			cfd, err := unix.Openat(fd, e.Name(), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+			// O_PATH, and the mark and the marker read through its
+			// magic link: no open of the placeholder itself, which
+			// would raise FAN_OPEN_PERM, to the keeper a dead daemon
+			// left (which would deny it) or to this very group.
+			cfd, err := unix.Openat(fd, e.Name(), unix.O_PATH|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 			if err != nil {
 				continue
 			}
@@ -268,12 +274,26 @@ func (s *Server) markDir(fd int, name string, placeholders bool) (dirs, files in
 	return dirs, files, nil
 }
 
-// markPlaceholder marks the file open as fd if it is a placeholder.
+// placeholderMask is what a placeholder's mark holds back until it is
+// filled: every access of its bytes (FAN_PRE_ACCESS), and before that
+// every open (FAN_OPEN_PERM), so that no descriptor of a placeholder ever
+// sees its holes. Without the open, lseek(SEEK_DATA), FIEMAP,
+// copy_file_range and FICLONE read no byte, raise no pre-content event,
+// and cp, tar --sparse or mv to another file system would copy zeros.
+const placeholderMask = unix.FAN_PRE_ACCESS | unix.FAN_OPEN_PERM
+
+// markPlaceholder marks the file open as fd (O_PATH) if it is a
+// placeholder.
 func (s *Server) markPlaceholder(fd int) (bool, error) {
-	if _, err := unix.Fgetxattr(fd, s.opts.Pending, nil); err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return false, nil
 	}
-	if err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, fd, ""); err != nil {
+	at := "/proc/self/fd/" + strconv.Itoa(fd)
+	if _, err := unix.Getxattr(at, s.opts.Pending, nil); err != nil {
+		return false, nil
+	}
+	if err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, placeholderMask, unix.AT_FDCWD, at); err != nil {
 		return false, err
 	}
 	s.marked.Add(1)
@@ -282,7 +302,7 @@ func (s *Server) markPlaceholder(fd int) (bool, error) {
 
 // unmark drops the pre-content mark of a file that now holds its bytes.
 func (s *Server) unmark(f *os.File) {
-	if err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_REMOVE|unix.FAN_MARK_INODE, unix.FAN_PRE_ACCESS, int(f.Fd()), ""); err == nil {
+	if err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_REMOVE|unix.FAN_MARK_INODE, placeholderMask, int(f.Fd()), ""); err == nil {
 		s.marked.Add(-1)
 	}
 }

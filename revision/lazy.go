@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -100,8 +101,20 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 		return stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
 	}
 	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, te.Size); err != nil {
-		return stamp{}, &os.PathError{Op: "truncate", Path: dst, Err: err}
+	// The placeholder's blocks are allocated (unwritten extents, which
+	// read as zeros until filled, and cost no write): its st_blocks is
+	// what the file will take, so du counts a lazy tree right, and its
+	// fill cannot run out of space half way. A file system without
+	// fallocate gets a sparse file.
+	if te.Size > 0 {
+		if err := unix.Fallocate(fd, 0, 0, te.Size); err != nil {
+			if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+				return stamp{}, &os.PathError{Op: "fallocate", Path: dst, Err: err}
+			}
+			if err := unix.Ftruncate(fd, te.Size); err != nil {
+				return stamp{}, &os.PathError{Op: "truncate", Path: dst, Err: err}
+			}
+		}
 	}
 	if err := unix.Fsetxattr(fd, PendingXattr(), []byte(key), 0); err != nil {
 		return stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
@@ -375,7 +388,7 @@ func (w *Workspace) access(l *lazyState, ino uint64, path string) error {
 // into a descriptor already open (FillFile).
 func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, path string, fill func(context.Context, pendingFile) error) error {
 	var pf pendingFile
-	return shareCall(ctx, &l.mu, l.inflight, ino,
+	return shareCall(ctx, w.fetchCtx, w.opts.FetchTimeout, &l.mu, l.inflight, ino,
 		func() (ok bool) { pf, ok = l.pending[ino]; return ok },
 		func(ctx context.Context) error {
 			err := fill(ctx, pf)
@@ -440,8 +453,10 @@ func (w *Workspace) PopulateAll(ctx context.Context) error { return w.populateAl
 // that finds a run in flight waits for its result instead. Under mu, todo
 // reports whether there is anything to do, and done records a run's
 // outcome. The run is not cancelled with its caller, since others may wait
-// on it; an interrupted run is simply redone by the next caller.
-func shareCall(ctx context.Context, mu *sync.Mutex, calls map[uint64]*fetchCall, ino uint64,
+// on it; an interrupted run is simply redone by the next caller. It runs
+// under base, which bounds it (the fetch timeout) and which StopFetches
+// cancels, so that no run outlives the daemon's stop.
+func shareCall(ctx, base context.Context, limit time.Duration, mu *sync.Mutex, calls map[uint64]*fetchCall, ino uint64,
 	todo func() bool, work func(context.Context) error, done func(error)) error {
 	mu.Lock()
 	if !todo() {
@@ -461,7 +476,12 @@ func shareCall(ctx context.Context, mu *sync.Mutex, calls map[uint64]*fetchCall,
 	calls[ino] = c
 	mu.Unlock()
 
-	c.err = work(context.WithoutCancel(ctx))
+	wctx, cancel := context.WithTimeoutCause(base, limit, fmt.Errorf("the fetch took over %s (--fetch-timeout)", limit))
+	c.err = work(wctx)
+	if c.err != nil && wctx.Err() != nil {
+		c.err = fmt.Errorf("%w: %w", context.Cause(wctx), c.err)
+	}
+	cancel()
 	mu.Lock()
 	delete(calls, ino)
 	done(c.err)

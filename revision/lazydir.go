@@ -158,7 +158,7 @@ func (w *Workspace) EnsureDir(ctx context.Context, rel string) error {
 func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir string) error {
 	d := l.dirs
 	var pd pendingDir
-	return shareCall(ctx, &d.mu, d.calls, ino,
+	return shareCall(ctx, w.fetchCtx, w.opts.FetchTimeout, &d.mu, d.calls, ino,
 		func() (ok bool) { pd, ok = d.dirs[ino]; return ok },
 		func(ctx context.Context) error {
 			err := w.fillDir(ctx, l, pd, dir)

@@ -50,16 +50,27 @@ type Options struct {
 	// publishes the last one, whose files are each their bytes at one
 	// instant, and says so (SaveResult.Unsettled).
 	Watch func() (changed func() bool)
-	Log   *slog.Logger
-	Now   func() time.Time
+	// FetchTimeout bounds one lazy fetch (a file's bytes, a directory's
+	// entries), retries and all: a reader waits at most this long, then
+	// gets EIO (DefaultFetchTimeout if 0).
+	FetchTimeout time.Duration
+	Log          *slog.Logger
+	Now          func() time.Time
 }
+
+// DefaultFetchTimeout is Options.FetchTimeout's default.
+const DefaultFetchTimeout = 2 * time.Minute
 
 // Workspace is one workspace identity in a store: its lease, the index it
 // observed, and the save and restore operations AML defines.
 type Workspace struct {
 	store Store
-	opts  Options
-	log   *slog.Logger
+	// fetchCtx is what every lazy fetch runs under; StopFetches cancels
+	// it.
+	fetchCtx  context.Context
+	stopFetch context.CancelCauseFunc
+	opts      Options
+	log       *slog.Logger
 
 	// mu serializes saves. index and version change only under mu and
 	// imu both, so a save reads them under mu alone, and everyone else
@@ -93,6 +104,13 @@ type baseExpect struct {
 	rev     string // "" for a tree that began with no revision
 	version string // the index version when the tree was restored
 	known   bool   // version is known (a state file from before it was kept has none)
+}
+
+// StopFetches ends every lazy fetch under way, and fails every later one:
+// their readers get EIO. A daemon that stops calls it before it waits for
+// its fills, so that a stalled store cannot hold the stop.
+func (w *Workspace) StopFetches() {
+	w.stopFetch(errors.New("the daemon is stopping"))
 }
 
 // Version returns the index version observed: when the workspace was
@@ -163,7 +181,11 @@ func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.FetchTimeout <= 0 {
+		opts.FetchTimeout = DefaultFetchTimeout
+	}
 	w := &Workspace{store: store, opts: opts, log: opts.Log, shown: newShown()}
+	w.fetchCtx, w.stopFetch = context.WithCancelCause(context.Background())
 	if !opts.NoLock {
 		lease, err := store.Lock(ctx, func(err error) {
 			opts.Log.Error("workspace lease lost; the next save or release will fail", "op", "heartbeat", "path", store.String(), "id", opts.ID, "err", err)

@@ -113,10 +113,11 @@ func errno(p string, err error) *Error {
 type FS struct {
 	root   string // the root's path, if no descriptor is held
 	prefix string // where the sandbox sees root: paths in calls and results
-	// mu is held (read) through every call on a held root; Close takes
-	// it to close the root once no call is under way.
+	// openRoot, if set, opens the root for a call (NewOn).
+	openRoot func() (*os.File, error)
+	// mu is held (read) through every call; Close takes it to wait for
+	// the calls under way.
 	mu     sync.RWMutex
-	rootFD int  // GUARDED_BY(mu): the held root, or -1
 	closed bool // GUARDED_BY(mu)
 }
 
@@ -126,32 +127,23 @@ func New(root, sandbox string) *FS {
 	if sandbox == "" {
 		sandbox = root
 	}
-	return &FS{root: root, rootFD: -1, prefix: path.Clean("/" + sandbox)}
+	return &FS{root: root, prefix: path.Clean("/" + sandbox)}
 }
 
-// NewOn serves the tree beneath root, a descriptor the FS takes over:
-// no path is ever resolved again, so renaming or replacing a parent of
-// the mountpoint cannot turn a call onto another tree. The sandbox sees
-// the tree at sandbox.
-func NewOn(root *os.File, sandbox string) (*FS, error) {
-	fd, err := unix.Dup(int(root.Fd()))
-	root.Close()
-	if err != nil {
-		return nil, err
-	}
-	unix.CloseOnExec(fd)
-	return &FS{root: sandbox, rootFD: fd, prefix: path.Clean("/" + sandbox)}, nil
+// NewOn serves the tree beneath the root openRoot opens for each call (a
+// mount's root, reached through descriptors held since the mount and
+// checked by mount id): no path is resolved, so renaming or replacing a
+// parent of the mountpoint cannot turn a call onto another tree. The
+// sandbox sees the tree at sandbox.
+func NewOn(openRoot func() (*os.File, error), sandbox string) *FS {
+	return &FS{root: sandbox, openRoot: openRoot, prefix: path.Clean("/" + sandbox)}
 }
 
-// Close waits for the calls under way and closes the held root; later
-// calls fail with EBADF (the daemon is stopping).
+// Close waits for the calls under way (their descriptors would hold the
+// mount busy); later calls fail with ESHUTDOWN.
 func (t *FS) Close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.rootFD >= 0 {
-		unix.Close(t.rootFD)
-		t.rootFD = -1
-	}
 	t.closed = true
 }
 
@@ -197,8 +189,15 @@ func (t *FS) open(r string, flags int, mode uint32) (int, *Error) {
 	if t.closed {
 		return -1, &Error{Code: "ESHUTDOWN", Message: "the daemon is stopping", Path: t.show(r)}
 	}
-	rootFD := t.rootFD
-	if rootFD < 0 {
+	var rootFD int
+	if t.openRoot != nil {
+		root, err := t.openRoot()
+		if err != nil {
+			return -1, &Error{Code: "ENODEV", Message: err.Error(), Path: t.show(r)}
+		}
+		defer root.Close()
+		rootFD = int(root.Fd())
+	} else {
 		var err error
 		if rootFD, err = unix.Open(t.root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 			return -1, errno(t.show(r), err)

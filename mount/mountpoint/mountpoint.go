@@ -130,8 +130,11 @@ func checkParent(parent *os.File, at string, child *os.File, euid int) error {
 	if err := unix.Fstat(int(parent.Fd()), &pst); err != nil {
 		return &os.PathError{Op: "stat", Path: at, Err: err}
 	}
-	if err := unix.Fstat(int(child.Fd()), &cst); err != nil {
-		return &os.PathError{Op: "stat", Path: child.Name(), Err: err}
+	var cx unix.Statx_t
+	if err := unix.Statx(int(child.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_UID, &cx); err == nil {
+		cst.Uid = cx.Uid
+	} else {
+		cst.Uid = ^uint32(0) // unknown (a dead mount's root): not trusted
 	}
 	trusted := func(uid uint32) bool { return uid == 0 || int(uid) == euid }
 	const hint = "; choose a mountpoint whose parents only root (or this user) can change, or pass --allow-user-owned-parents if that user is trusted"
@@ -245,43 +248,40 @@ func (m *Mount) Beneath(rel string) (*Dir, error) {
 	return &Dir{path: p, parent: os.NewFile(uintptr(pfd), filepath.Dir(p)), name: name, dir: os.NewFile(uintptr(cfd), p)}, nil
 }
 
-// Mount is a mount attached on a Dir, known by its id and held by a
-// descriptor of its root.
+// Mount is a mount attached on a Dir, known by its id. It holds no
+// descriptor of the mount itself, which would keep the mount busy (an
+// external umount without -l would fail): it holds the mountpoint's
+// parent, and opens the root through it, checked by id, when asked.
 type Mount struct {
-	at   *Dir
-	root *os.File // the mount's root: nil while an unmount has it closed
-	id   uint64
-	dev  string // major:minor, as mountinfo shows it
+	at  *Dir
+	id  uint64
+	dev string // major:minor, as mountinfo shows it
 }
 
 // Attach moves the detached mount open as mfd (from fsmount or
-// open_tree) onto d, and takes mfd over.
+// open_tree) onto d, and closes mfd.
 func (d *Dir) Attach(mfd int) (*Mount, error) {
-	root := os.NewFile(uintptr(mfd), d.path)
+	defer unix.Close(mfd)
 	if err := unix.MoveMount(mfd, "", int(d.dir.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		root.Close()
 		return nil, &os.PathError{Op: "move_mount", Path: d.path, Err: err}
 	}
-	m := &Mount{at: d, root: root}
 	var st unix.Statx_t
-	if err := unix.Statx(mfd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID|unix.STATX_TYPE, &st); err != nil {
-		m.Unmount(true)
+	if err := unix.Statx(mfd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
+		umount("/proc/self/fd/"+strconv.Itoa(mfd), unix.MNT_DETACH, d.path)
 		return nil, &os.PathError{Op: "statx", Path: d.path, Err: err}
 	}
-	m.id = st.Mnt_id
-	m.dev = fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)
-	return m, nil
+	return &Mount{at: d, id: st.Mnt_id, dev: fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)}, nil
 }
 
-// Found is the mount whose root is open as root at d, made by someone
-// else (fusermount3, for a daemon that is not root).
+// Found is the mount on d made by someone else (fusermount3, for a daemon
+// that is not root).
 func (d *Dir) Found() (*Mount, error) {
 	top, err := d.Top()
 	if err != nil {
 		return nil, err
 	}
+	defer top.Close()
 	if ok, err := isMountRoot(top); err != nil || !ok {
-		top.Close()
 		if err == nil {
 			err = &Error{Path: d.path, Msg: "nothing is mounted there"}
 		}
@@ -289,49 +289,48 @@ func (d *Dir) Found() (*Mount, error) {
 	}
 	var st unix.Statx_t
 	if err := unix.Statx(int(top.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
-		top.Close()
 		return nil, err
 	}
-	return &Mount{at: d, root: top, id: st.Mnt_id, dev: fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)}, nil
+	return &Mount{at: d, id: st.Mnt_id, dev: fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)}, nil
 }
 
 // ID is the mount's id (mountinfo's first field, statx's stx_mnt_id).
 func (m *Mount) ID() uint64 { return m.id }
 
+// Where is where the mount is now, as the kernel names its root ("" if
+// it is not at its mountpoint any more).
+func (m *Mount) Where() string {
+	root, err := m.Root()
+	if err != nil {
+		return ""
+	}
+	defer root.Close()
+	p, err := os.Readlink(fdPath(root))
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
 // Path is the mountpoint's path when it was resolved.
 func (m *Mount) Path() string { return m.at.path }
 
-// Root returns a new O_PATH descriptor of the mount's root, for the
-// caller to close. It is refused once the mount is not attached where it
-// was, unless the daemon still holds its own.
+// Root opens the mount's root (O_PATH), for the caller to close: through
+// the mountpoint's parent, held since it was resolved, and only if the
+// mount found there is this one. A parent renamed since changes nothing;
+// a mount moved away or unmounted is refused.
 func (m *Mount) Root() (*os.File, error) {
-	if m.root == nil {
-		if err := m.reopen(); err != nil {
-			return nil, err
-		}
-	}
-	fd, err := unix.Openat(int(m.root.Fd()), ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: m.at.path, Err: err}
-	}
-	return os.NewFile(uintptr(fd), m.at.path), nil
-}
-
-// reopen takes a descriptor of the root again from the mountpoint, if the
-// mount is still the topmost one there.
-func (m *Mount) reopen() error {
 	top, err := m.at.Top()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var st unix.Statx_t
 	err = unix.Statx(int(top.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st)
 	if err != nil || st.Mnt_id != m.id || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
 		top.Close()
-		return &Error{Path: m.at.path, Msg: "the mount is no longer there"}
+		return nil, &Error{Path: m.at.path, Msg: "the mount is no longer there"}
 	}
-	m.root = top
-	return nil
+	return top, nil
 }
 
 // AtItsPlace reports whether the mount is the topmost one on its
@@ -373,39 +372,24 @@ func inMountinfo(id uint64, dev string) (bool, error) {
 // ErrBusy is an unmount refused because files of the mount are in use.
 var ErrBusy = syscall.EBUSY
 
-// Unmount unmounts. Without lazy, it unmounts only a mount that is at its
-// place and not busy (ErrBusy). With lazy, a busy or moved mount is
-// detached (MNT_DETACH): it leaves the namespace at once, and what holds
-// files of it open keeps them until closed. Nothing is done by a path
-// anyone could change: the parent is held, and the mount is checked by
-// its id before the call.
+// Unmount unmounts, if the mount is still the topmost one on its
+// mountpoint. Without lazy, a busy mount is refused (ErrBusy); with lazy
+// it is detached (MNT_DETACH): it leaves the namespace at once, and what
+// holds files of it open keeps them until closed. Nothing is done by a
+// path anyone could change: the parent is held, and the mount is checked
+// by its id before the call. A mount moved elsewhere is not reached.
 func (m *Mount) Unmount(lazy bool) error {
 	if !m.Attached() {
-		m.closeRoot()
 		return nil
 	}
-	if m.AtItsPlace() {
-		// Our own descriptor of the root would make the mount busy.
-		m.closeRoot()
-		err := umount(fdPath(m.at.parent)+"/"+m.at.name, unix.UMOUNT_NOFOLLOW, m.at.path)
-		if err == nil || !errors.Is(err, unix.EBUSY) || !lazy {
-			return err
-		}
+	if !m.AtItsPlace() {
+		return &Error{Path: m.at.path, Msg: "the mount was moved away from its mountpoint; unmount it where it is"}
 	}
-	if !lazy {
-		return &Error{Path: m.at.path, Msg: "the mount was moved away from its mountpoint; only a lazy unmount can detach it"}
+	flags := unix.UMOUNT_NOFOLLOW
+	if lazy {
+		flags |= unix.MNT_DETACH
 	}
-	if m.root == nil {
-		if err := m.reopen(); err != nil {
-			if !m.Attached() {
-				return nil
-			}
-			return err
-		}
-	}
-	err := umount(fdPath(m.root), unix.MNT_DETACH, m.at.path)
-	m.closeRoot()
-	return err
+	return umount(fdPath(m.at.parent)+"/"+m.at.name, flags, m.at.path)
 }
 
 // Parent returns a new descriptor of the mountpoint's parent, and the
@@ -430,18 +414,8 @@ func DetachAt(parent *os.File, name string, id uint64) error {
 	return umount(fdPath(parent)+"/"+name, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW, name)
 }
 
-// Close lets go of the mount (which stays mounted) and the mountpoint.
-func (m *Mount) Close() {
-	m.closeRoot()
-	m.at.Close()
-}
-
-func (m *Mount) closeRoot() {
-	if m.root != nil {
-		m.root.Close()
-		m.root = nil
-	}
-}
+// Close lets go of the mountpoint (the mount stays mounted).
+func (m *Mount) Close() { m.at.Close() }
 
 func umount(target string, flags int, shown string) error {
 	if err := unix.Unmount(target, flags); err != nil {

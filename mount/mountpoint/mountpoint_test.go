@@ -197,10 +197,17 @@ func TestDetachMoved(t *testing.T) {
 	if m.AtItsPlace() || !m.Attached() {
 		t.Fatalf("moved: at its place %v, attached %v", m.AtItsPlace(), m.Attached())
 	}
-	if err := m.Unmount(false); err == nil {
-		t.Fatal("a plain unmount of a moved mount went through")
+	// Where it was, something else is now: no unmount reaches it by the
+	// old place.
+	for _, lazy := range []bool{false, true} {
+		if err := m.Unmount(lazy); err == nil {
+			t.Fatalf("an unmount (lazy %v) of a moved mount went through", lazy)
+		}
 	}
-	must(t, m.Unmount(true))
+	if _, err := m.Root(); err == nil {
+		t.Fatal("Root of a moved mount")
+	}
+	must(t, unix.Unmount(filepath.Join(dir, "elsewhere"), unix.MNT_DETACH))
 	if m.Attached() {
 		t.Fatal("still attached")
 	}

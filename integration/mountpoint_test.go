@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/amlfs/amlfs/mount"
+)
+
+// hostileUID is the sandbox user of the hostile-user tests: it owns the
+// mountpoint's parent, as the agent user of /home/agent/workspace does.
+const hostileUID = 4343
+
+// asUser runs script with sh as hostileUID, in dir.
+func asUser(t *testing.T, dir, script string) string {
+	t.Helper()
+	cmd := exec.Command("setpriv", "--reuid", fmt.Sprint(hostileUID), "--regid", fmt.Sprint(hostileUID), "--clear-groups", "sh", "-ec", script)
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("as uid %d: %s\n%s: %v", hostileUID, script, out, err)
+	}
+	return string(out)
+}
+
+// agentHome makes e.root/home/agent, owned by hostileUID, traversable.
+func agentHome(t *testing.T, e *env) string {
+	t.Helper()
+	e.traversable()
+	home := filepath.Join(e.root, "home", "agent")
+	must(t, os.MkdirAll(home, 0o755))
+	must(t, os.Chown(home, hostileUID, hostileUID))
+	return home
+}
+
+// TestMountpointHostile: a user who owns the mountpoint's parent plants
+// a symlink, renames and swaps parents, and plants a discovery xattr. A
+// root daemon and root's commands act only on the mount they were given,
+// in both serving modes. Each step failed before the mountpoint was a
+// handle (issue 26, rows 1 to 4).
+func TestMountpointHostile(t *testing.T) {
+	needTools(t, "util-linux", "setpriv")
+	for _, serve := range []string{"fuse", "native"} {
+		t.Run(serve, func(t *testing.T) {
+			e := newEnv(t)
+			if serve == "native" {
+				needNative(t, e)
+			}
+			home := agentHome(t, e)
+			rootOnly := filepath.Join(e.root, "root-only")
+			must(t, os.MkdirAll(rootOnly, 0o700))
+			must(t, os.WriteFile(filepath.Join(rootOnly, "secret"), []byte("root's secret"), 0o600))
+			// A victim: another workspace, mounted by root elsewhere.
+			victim := e.mount("victim", "--serve", serve)
+			must(t, os.WriteFile(filepath.Join(victim, "unsaved"), []byte("the victim's unsaved work"), 0o644))
+
+			// Row 1: a symlink at the mountpoint is never followed.
+			asUser(t, home, "ln -s "+rootOnly+" workspace")
+			for _, extra := range [][]string{nil, {"--allow-user-owned-parents"}} {
+				r := e.amlfs(append([]string{"mount", "--daemon", filepath.Join(home, "workspace"), "--serve", serve}, e.wsArgs("w1", extra...)...)...)
+				if r.code != 2 || !strings.Contains(r.stderr, "symbolic link") {
+					t.Errorf("mount on a planted symlink %v: %s", extra, r)
+				}
+				if isMounted(rootOnly) {
+					t.Fatalf("mounted over %s through the user's symlink", rootOnly)
+				}
+			}
+			// A parent the user owns is refused unless allowed.
+			asUser(t, home, "rm workspace && mkdir -p workspace p/ws")
+			r := e.amlfs(append([]string{"mount", "--daemon", filepath.Join(home, "workspace"), "--serve", serve}, e.wsArgs("w1")...)...)
+			if r.code != 2 || !strings.Contains(r.stderr, "--allow-user-owned-parents") || !strings.Contains(r.stderr, fmt.Sprintf("uid %d", hostileUID)) {
+				t.Errorf("mount below a user's directory: %s", r)
+			}
+			// Allowed, it mounts; renaming its parent away and a symlink
+			// in its place turn no tool call and no unmount elsewhere.
+			mp := filepath.Join(home, "p", "ws")
+			if r := e.mountAt(mp, "w1", "--serve", serve, "--allow-user-owned-parents"); r.code != 0 {
+				t.Fatalf("mount with --allow-user-owned-parents: %s", r)
+			}
+			moved := filepath.Join(home, "p.old", "ws")
+			t.Cleanup(func() { e.forceUnmount(moved) })
+			must(t, os.WriteFile(filepath.Join(mp, "mine"), []byte("mine"), 0o644))
+			asUser(t, home, "mv p p.old && mkdir evil && ln -s "+rootOnly+" evil/ws && ln -s evil p")
+			if r := e.amlfs("tool", mp, "read_file", `{"path":"secret"}`); r.code == 0 || strings.Contains(r.stdout+r.stderr, "root's secret") {
+				t.Errorf("read_file through a swapped parent: %s", r)
+			}
+			if r := e.amlfs("tool", mp, "write_file", `{"path":"planted","content":"x"}`); r.code == 0 {
+				t.Errorf("write_file through a swapped parent: %s", r)
+			}
+			if _, err := os.Lstat(filepath.Join(rootOnly, "planted")); err == nil {
+				t.Fatal("a tool call wrote into root's directory")
+			}
+			// The link pointed at the victim's mount: root's unmount of the
+			// user's path must not reach the victim.
+			asUser(t, home, "rm evil/ws && ln -s "+victim+" evil/ws")
+			e.amlfs("unmount", "--no-save", mp)
+			e.amlfs("status", mp)
+			if !isMounted(victim) {
+				t.Fatal("root's unmount of the user's path unmounted the victim")
+			}
+			// The daemon still serves its mount where the rename put it.
+			if data, err := os.ReadFile(filepath.Join(moved, "mine")); err != nil || string(data) != "mine" {
+				t.Errorf("the renamed mount: %q %v", data, err)
+			}
+			// Root reaches it where it is now, and the unmount saves it.
+			if r := e.unmount(moved); r.code != 0 || isMounted(moved) {
+				t.Errorf("unmount of the renamed mount where it is now: %s", r)
+			}
+
+			// Row 3: the discovery xattr on a plain directory.
+			sock := filepath.Join(e.runtime, socketName(victim))
+			if _, err := os.Stat(sock); err != nil {
+				t.Fatalf("the victim's socket: %v", err)
+			}
+			asUser(t, home, fmt.Sprintf(`mkdir plain && python3 -c 'import os; os.setxattr("plain", "user.amlfs.control", b"%s")'`, sock))
+			for _, cmd := range [][]string{{"unmount", "--no-save"}, {"status"}, {"commit"}} {
+				r := e.amlfs(append(cmd, filepath.Join(home, "plain"))...)
+				if strings.Contains(r.stdout, "victim") || r.code == 0 && cmd[0] != "unmount" {
+					t.Errorf("%s of a directory naming the victim's socket: %s", cmd[0], r)
+				}
+			}
+			if !isMounted(victim) {
+				t.Fatal("a planted xattr turned root's unmount onto the victim")
+			}
+			// Row 4: the xattr on the user's own mount root, read by a
+			// client with another runtime dir (an empty environment).
+			if r := e.mountAt(filepath.Join(home, "own"), "w2", "--serve", serve, "--allow-user-owned-parents"); r.code != 0 {
+				t.Fatalf("mount w2: %s", r)
+			}
+			must(t, os.Chown(filepath.Join(home, "own"), hostileUID, hostileUID))
+			asUser(t, home, fmt.Sprintf(`python3 -c 'import os; os.setxattr("own", "user.amlfs.control", b"%s")' || true`, sock))
+			other := *e
+			other.runtime = t.TempDir()
+			st := other.amlfs("status", "--json", filepath.Join(home, "own"))
+			if strings.Contains(st.stdout, `"id": "victim"`) {
+				t.Errorf("status of the user's mount answered for the victim: %s", st)
+			}
+			if data, err := os.ReadFile(filepath.Join(victim, "unsaved")); err != nil || !strings.Contains(string(data), "unsaved work") {
+				t.Errorf("the victim's work: %q %v", data, err)
+			}
+		})
+	}
+}
+
+// socketName is the control socket's name for mountpoint mp
+// (mount.SocketPath without its directory).
+func socketName(mp string) string {
+	return filepath.Base(mount.SocketPath(mp))
+}
