@@ -39,9 +39,9 @@ type Config struct {
 	// AllowUserOwnedParents accepts a mountpoint a parent of which another
 	// user could rename or replace (mountpoint.Policy).
 	AllowUserOwnedParents bool
-	Store      string // file:///dir
-	ID         string
-	Load       string // current | REV | none
+	Store                 string // file:///dir
+	ID                    string
+	Load                  string // current | REV | none
 	// From, "ID" or "ID@REV", seeds a new workspace with a revision of
 	// another one on the same store (a fork).
 	From        string

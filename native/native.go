@@ -82,7 +82,7 @@ type Server struct {
 	notify  int // notification group: changes
 	changes atomic.Int64
 	mnt     *mountpoint.Mount // the bind mount
-	stop    [2]int // a pipe: closing stop[1] ends the loops
+	stop    [2]int            // a pipe: closing stop[1] ends the loops
 	wg      sync.WaitGroup
 	gone    chan struct{} // closed when the mount went away
 	once    sync.Once
