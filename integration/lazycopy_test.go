@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"crypto/rand"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestLazyCopyTools: on a lazily restored tree with prefetch off, every
@@ -75,6 +78,58 @@ cp db.sqlite %[1]s/db.sqlite`, dst))
 			if _, err := os.Stat(filepath.Join(mp2, "mv.bin")); !os.IsNotExist(err) {
 				t.Errorf("mv left its source: %v", err)
 			}
+		})
+	}
+}
+
+// TestStalledStoreBounded: a store that stops answering holds a reader
+// of a file not fetched yet for --fetch-timeout at most, which then gets
+// EIO, and an unmount while readers wait ends in seconds, in both serving
+// modes (issue 26, row 6: 964 s and 16 minutes before).
+func TestStalledStoreBounded(t *testing.T) {
+	for _, serve := range []string{"fuse", "native"} {
+		t.Run(serve, func(t *testing.T) {
+			e, px := faultyS3Env(t)
+			if serve == "native" {
+				needNative(t, e)
+			}
+			mp := e.mount("stall", "--serve", serve)
+			for i := 0; i < 4; i++ {
+				must(t, os.WriteFile(filepath.Join(mp, fmt.Sprintf("f%d", i)), bytes.Repeat([]byte{'x'}, 4096), 0o644))
+			}
+			if r := e.unmount(mp); r.code != 0 {
+				t.Fatalf("save: %s", r)
+			}
+			h := e.host(t)
+			mp2 := h.mount("stall", "--serve", serve, "--prefetch", "0", "--fetch-timeout", "3s")
+			px.set(&fault{kind: faultStall, match: func(r *http.Request) bool { return isGet(r) && strings.Contains(r.URL.Path, "/files/") }})
+			start := time.Now()
+			_, err := os.ReadFile(filepath.Join(mp2, "f0"))
+			if took := time.Since(start); !errorsIs(err, syscall.EIO) || took > 10*time.Second {
+				t.Errorf("read with the store stalled: %v after %v, want EIO within the 3 s fetch timeout", err, took)
+			}
+			// Readers waiting while the daemon stops.
+			done := make(chan error, 2)
+			for _, name := range []string{"f1", "f2"} {
+				go func() { _, err := os.ReadFile(filepath.Join(mp2, name)); done <- err }()
+			}
+			time.Sleep(500 * time.Millisecond)
+			start = time.Now()
+			r := h.unmount(mp2, "--no-save")
+			if took := time.Since(start); r.code != 0 || took > 15*time.Second {
+				t.Errorf("unmount with readers waiting on a stalled store: %v, %s", took, r)
+			}
+			for i := 0; i < 2; i++ {
+				select {
+				case err := <-done:
+					if err == nil {
+						t.Errorf("a reader got bytes from a stalled store")
+					}
+				case <-time.After(15 * time.Second):
+					t.Fatal("a reader still waits after the unmount")
+				}
+			}
+			px.set()
 		})
 	}
 }

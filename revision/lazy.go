@@ -479,7 +479,9 @@ func shareCall(ctx, base context.Context, limit time.Duration, mu *sync.Mutex, c
 	wctx, cancel := context.WithTimeoutCause(base, limit, fmt.Errorf("the fetch took over %s (--fetch-timeout)", limit))
 	c.err = work(wctx)
 	if c.err != nil && wctx.Err() != nil {
-		c.err = fmt.Errorf("%w: %w", context.Cause(wctx), c.err)
+		// Our own bound or stop, not the caller's interruption: the
+		// reader gets EIO, not EINTR (on which it would only retry).
+		c.err = fmt.Errorf("%v (%v)", context.Cause(wctx), c.err)
 	}
 	cancel()
 	mu.Lock()
