@@ -569,3 +569,40 @@ func TestNativeCheckpointWhileWriting(t *testing.T) {
 		t.Fatalf("unmount: %s", r)
 	}
 }
+
+// TestNativeDetachedNoZeros: root detaches the native mount (umount -l)
+// while a process holds its files (O_PATH, which reads nothing). The
+// daemon takes that for an external unmount, but each placeholder opened
+// afterwards through what the process holds gives its bytes or EIO,
+// never zeros (issue 26, row 5).
+func TestNativeDetachedNoZeros(t *testing.T) {
+	want, h, mp2 := lazyNative(t, newEnv(t))
+	held := map[string]int{}
+	for name := range want {
+		fd, err := unix.Open(filepath.Join(mp2, name), unix.O_PATH|unix.O_CLOEXEC, 0)
+		must(t, err)
+		held[name] = fd
+		defer unix.Close(fd)
+	}
+	pid := jsonInt(t, h.amlfs("status", mp2, "--json").stdout, "pid")
+	must(t, syscall.Unmount(mp2, syscall.MNT_DETACH))
+	deadline := time.Now().Add(30 * time.Second)
+	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil {
+		t.Fatal("the daemon did not stop after the external unmount")
+	}
+	read := 0
+	for name, data := range want {
+		got, err := os.ReadFile(fmt.Sprintf("/proc/self/fd/%d", held[name]))
+		if errorsIs(err, syscall.EIO) {
+			continue
+		}
+		if err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%s through the detached mount: %d bytes, equal %v, %v", name, len(got), bytes.Equal(got, data), err)
+		}
+		read++
+	}
+	t.Logf("%d of %d files read whole through the detached mount, the rest EIO", read, len(want))
+}
