@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -98,6 +99,12 @@ type Config struct {
 	// SandboxPath is where the sandbox sees the mount (the mountpoint if
 	// empty): tool calls take and give paths under it.
 	SandboxPath string
+	// SandboxUser, if set, is the sandbox's user (a name, UID or
+	// UID:GID): what the file tools make is theirs. Otherwise a new file
+	// or directory takes its parent directory's owner. Normalize settles
+	// it into sandboxOwner.
+	SandboxUser  string
+	sandboxOwner *[2]int
 	// ToolTimeout bounds one file-tool call (DefaultToolTimeout if 0).
 	ToolTimeout time.Duration
 	// Limits bound a revision, on save and on load; MaxEntries and the
@@ -286,6 +293,13 @@ func (c *Config) Normalize() error {
 	if c.ToolTimeout < 0 {
 		return invalid(c.ToolTimeout.String(), "--tool-timeout must be positive")
 	}
+	if c.SandboxUser != "" {
+		uid, gid, err := parseUser(c.SandboxUser)
+		if err != nil {
+			return invalid(c.SandboxUser, "--sandbox-user: %v", err)
+		}
+		c.sandboxOwner = &[2]int{uid, gid}
+	}
 	if c.SandboxPath != "" && !filepath.IsAbs(c.SandboxPath) {
 		return invalid(c.SandboxPath, "--sandbox-path must be absolute, such as /workspace")
 	}
@@ -394,6 +408,38 @@ func RuntimeDir() string {
 		return "/run/amlfs"
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("amlfs-%d", os.Geteuid()))
+}
+
+// parseUser reads a user as a name, a UID or UID:GID; a name or a lone
+// UID known to the system takes its primary group.
+func parseUser(s string) (int, int, error) {
+	name, group, hasGroup := strings.Cut(s, ":")
+	var uid, gid int
+	if n, err := strconv.ParseUint(name, 10, 31); err == nil {
+		uid, gid = int(n), int(n)
+		if u, err := user.LookupId(name); err == nil {
+			gid, _ = strconv.Atoi(u.Gid)
+		}
+	} else {
+		u, err := user.Lookup(name)
+		if err != nil {
+			return 0, 0, err
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+	}
+	if hasGroup {
+		n, err := strconv.ParseUint(group, 10, 31)
+		if err != nil {
+			g, gerr := user.LookupGroup(group)
+			if gerr != nil {
+				return 0, 0, gerr
+			}
+			n, _ = strconv.ParseUint(g.Gid, 10, 31)
+		}
+		gid = int(n)
+	}
+	return uid, gid, nil
 }
 
 // mountKey names per-mountpoint runtime files.

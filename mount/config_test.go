@@ -117,3 +117,25 @@ func TestBadOwnerOptionRefusedEarly(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestParseUser(t *testing.T) {
+	for _, tc := range []struct {
+		in       string
+		uid, gid int
+		ok       bool
+	}{
+		{"root", 0, 0, true},
+		{"0", 0, 0, true},
+		{"4242", 4242, 4242, true},
+		{"4242:4243", 4242, 4243, true},
+		{"root:4243", 0, 4243, true},
+		{"no-such-user-here", 0, 0, false},
+		{"4242:no-such-group-here", 0, 0, false},
+		{"-1", 0, 0, false},
+	} {
+		uid, gid, err := parseUser(tc.in)
+		if (err == nil) != tc.ok || tc.ok && (uid != tc.uid || gid != tc.gid) {
+			t.Errorf("parseUser(%q) = %d, %d, %v", tc.in, uid, gid, err)
+		}
+	}
+}

@@ -201,6 +201,9 @@ func (d *Daemon) serveControl() (*control, error) {
 		sandbox = d.cfg.Mountpoint
 	}
 	tfs := tools.NewOn(d.fs.Mount().Root, sandbox)
+	if o := d.cfg.sandboxOwner; o != nil {
+		tfs.SetOwner(o[0], o[1])
+	}
 	d.tools = tfs
 	mux.HandleFunc("GET /v1/tools", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, tools.Tools)

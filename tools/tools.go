@@ -115,6 +115,9 @@ type FS struct {
 	prefix string // where the sandbox sees root: paths in calls and results
 	// openRoot, if set, opens the root for a call (NewOn).
 	openRoot func() (*os.File, error)
+	// owner, if set, owns what the tools make (SetOwner); otherwise a
+	// new file or directory takes its parent directory's owner.
+	owner *[2]int
 	// mu is held (read) through every call; Close takes it to wait for
 	// the calls under way.
 	mu     sync.RWMutex
@@ -137,6 +140,29 @@ func New(root, sandbox string) *FS {
 // sandbox sees the tree at sandbox.
 func NewOn(openRoot func() (*os.File, error), sandbox string) *FS {
 	return &FS{root: sandbox, openRoot: openRoot, prefix: path.Clean("/" + sandbox)}
+}
+
+// SetOwner makes uid and gid (the sandbox's user) own every file and
+// directory the tools make. Without it, a new one takes the owner and
+// group of the directory it is made in. A rewritten file keeps its own
+// owner, group and mode either way. Owners are set only when the daemon
+// runs as root: otherwise what it makes is its user's, as for any
+// process.
+func (t *FS) SetOwner(uid, gid int) { t.owner = &[2]int{uid, gid} }
+
+// ownerFor is who owns a new entry of the directory open as dfd.
+func (t *FS) ownerFor(dfd int) (int, int, bool) {
+	if os.Geteuid() != 0 {
+		return 0, 0, false
+	}
+	if t.owner != nil {
+		return t.owner[0], t.owner[1], true
+	}
+	var st unix.Stat_t
+	if unix.Fstat(dfd, &st) != nil {
+		return 0, 0, false
+	}
+	return int(st.Uid), int(st.Gid), true
 }
 
 // Close waits for the calls under way (their descriptors would hold the
@@ -545,6 +571,7 @@ func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
 	defer unix.Close(dfd)
 	mode := uint32(0o644)
 	created := true
+	uid, gid, chown := t.ownerFor(dfd)
 	var st unix.Stat_t
 	if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
 		created = false
@@ -555,10 +582,15 @@ func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
 			return nil, errno(t.show(r), syscall.EEXIST)
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFREG {
+			// A rewrite keeps the file's owner, group and mode.
 			mode = st.Mode & 0o7777
+			uid, gid = int(st.Uid), int(st.Gid)
 		}
 	}
-	tmp, err := writeTemp(dfd, name, data, mode)
+	if !chown {
+		uid, gid = -1, -1
+	}
+	tmp, err := writeTemp(dfd, name, data, mode, uid, gid)
 	if err != nil {
 		return nil, errno(t.show(r), err)
 	}
@@ -573,8 +605,9 @@ func (t *FS) WriteFile(a WriteArgs) (*WriteResult, error) {
 	return &WriteResult{Path: t.show(r), Size: int64(len(data)), Created: created}, nil
 }
 
-// writeTemp writes data to a new hidden file beside name.
-func writeTemp(dfd int, name string, data []byte, mode uint32) (string, error) {
+// writeTemp writes data to a new hidden file beside name, of mode, owned
+// by uid and gid (-1: as made).
+func writeTemp(dfd int, name string, data []byte, mode uint32, uid, gid int) (string, error) {
 	for i := 0; ; i++ {
 		tmp := fmt.Sprintf(".%s.amlfs-tool-%d-%d", truncName(name), os.Getpid(), time.Now().UnixNano()+int64(i))
 		fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, mode)
@@ -586,8 +619,13 @@ func writeTemp(dfd int, name string, data []byte, mode uint32) (string, error) {
 		}
 		f := os.NewFile(uintptr(fd), tmp)
 		_, werr := f.Write(data)
-		if werr == nil && mode&0o7000 != 0 {
-			werr = f.Chmod(os.FileMode(mode & 0o777))
+		if werr == nil && (uid >= 0 || gid >= 0) {
+			werr = unix.Fchown(fd, uid, gid)
+		}
+		if werr == nil {
+			// After the chown, which clears setuid and setgid; the
+			// create's mode was cut by the umask too.
+			werr = unix.Fchmod(fd, mode&0o7777)
 		}
 		cerr := f.Close()
 		if werr == nil {
@@ -858,6 +896,14 @@ func (t *FS) Mkdir(a PathArgs) (*MkdirResult, error) {
 			return nil, e
 		}
 		err := unix.Mkdirat(dfd, name, 0o755)
+		if err == nil {
+			if uid, gid, ok := t.ownerFor(dfd); ok {
+				if cerr := unix.Fchownat(dfd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); cerr != nil {
+					unix.Close(dfd)
+					return nil, errno(t.show(p), cerr)
+				}
+			}
+		}
 		if err == unix.EEXIST {
 			// An existing directory, or a symlink to one inside the
 			// mount, is fine.

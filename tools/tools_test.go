@@ -369,3 +369,66 @@ func TestTruncatedAlwaysPresent(t *testing.T) {
 		}
 	}
 }
+
+// TestOwners: a rewrite keeps the file's owner, group and mode; a new
+// file or directory takes its parent's owner, or the sandbox user's
+// (issue 26, row 7: root's write_file made the user's own file root's).
+func TestOwners(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to own files as others")
+	}
+	owner := func(p string) (uint32, uint32, os.FileMode) {
+		t.Helper()
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid, fi.Mode().Perm()
+	}
+	for _, tc := range []struct {
+		name     string
+		sandbox  []int // SetOwner, if set
+		uid, gid uint32
+	}{
+		{"parent's owner", nil, 4242, 4243},
+		{"sandbox user", []int{5000, 5001}, 5000, 5001},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			must := func(err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			must(os.Chown(root, 4242, 4243))
+			must(os.WriteFile(filepath.Join(root, "mine.txt"), []byte("mine"), 0o600))
+			must(os.Chown(filepath.Join(root, "mine.txt"), 4343, 4344))
+			fs := New(root, "/")
+			if tc.sandbox != nil {
+				fs.SetOwner(tc.sandbox[0], tc.sandbox[1])
+			}
+			if _, e := call(t, fs, "write_file", `{"path":"mine.txt","content":"rewritten"}`); e != nil {
+				t.Fatal(e)
+			}
+			if u, g, m := owner(filepath.Join(root, "mine.txt")); u != 4343 || g != 4344 || m != 0o600 {
+				t.Errorf("rewritten file: %d:%d %o, want 4343:4344 600", u, g, m)
+			}
+			if _, e := call(t, fs, "write_file", `{"path":"new/deep/file.txt","content":"x"}`); e != nil {
+				t.Fatal(e)
+			}
+			for _, p := range []string{"new", "new/deep", "new/deep/file.txt"} {
+				if u, g, _ := owner(filepath.Join(root, p)); u != tc.uid || g != tc.gid {
+					t.Errorf("%s: %d:%d, want %d:%d", p, u, g, tc.uid, tc.gid)
+				}
+			}
+			if _, e := call(t, fs, "mkdir", `{"path":"made"}`); e != nil {
+				t.Fatal(e)
+			}
+			if u, g, m := owner(filepath.Join(root, "made")); u != tc.uid || g != tc.gid || m != 0o755 {
+				t.Errorf("mkdir: %d:%d %o", u, g, m)
+			}
+		})
+	}
+}

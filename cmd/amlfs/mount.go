@@ -53,6 +53,7 @@ func mountFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "metadata-ttl", Value: mount.DefaultMetadataTTL, Usage: "how long S3 live mounts trust listings and metadata before asking the bucket again"},
 		&cli.DurationFlag{Name: "tool-timeout", Value: mount.DefaultToolTimeout, Usage: "longest a file-tool call may run (grep is stopped mid-file)"},
 		&cli.StringFlag{Name: "sandbox-path", Usage: "where the sandbox sees the mount, if not at MOUNTPOINT (a container that bind-mounts it at /workspace): file tools take and give paths under it"},
+		&cli.StringFlag{Name: "sandbox-user", Usage: "the sandbox's user (name, UID or UID:GID): files and directories the file tools make are theirs (by default a new one takes its parent directory's owner; a rewrite always keeps the file's own)"},
 		&cli.BoolFlag{Name: "strict-entries", Usage: "fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"},
 	}, append(limitFlags(), s3Flags()...)...)
 }
@@ -99,7 +100,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
 		Restore: c.String("restore"), Serve: c.String("serve"), Keeper: executable(), Prefetch: c.Int("prefetch"), FetchTimeout: c.Duration("fetch-timeout"), Mounts: c.StringSlice("mount"),
 		CacheSizeText: c.String("cache-size"), MetadataTTL: c.Duration("metadata-ttl"),
-		StrictEntries: c.Bool("strict-entries"), MaxEntries: c.Int("max-entries"), SandboxPath: c.String("sandbox-path"), ToolTimeout: c.Duration("tool-timeout"),
+		StrictEntries: c.Bool("strict-entries"), MaxEntries: c.Int("max-entries"), SandboxPath: c.String("sandbox-path"), SandboxUser: c.String("sandbox-user"), ToolTimeout: c.Duration("tool-timeout"),
 		MaxBytesText: c.String("max-bytes"), MaxArchiveBytesText: c.String("max-archive-bytes"),
 	}
 }
