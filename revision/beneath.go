@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -71,11 +72,44 @@ func (t *tree) open(rel string, flags int) (*os.File, error) {
 			break
 		}
 	}
+	if err == unix.EAGAIN {
+		// Not a rename, but a lease another process holds on the file
+		// (F_SETLEASE): a non-blocking open is refused for as long as
+		// it is held. The file, checked regular, is opened again
+		// blocking, so that the kernel breaks the lease (within
+		// /proc/sys/fs/lease-break-time), and a user's lease never
+		// fails a save.
+		fd, err = openLeased(t.fd, name, flags, beneath)
+	}
 	p := filepath.Join(t.dir, filepath.FromSlash(rel))
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: p, Err: err}
 	}
 	return os.NewFile(uintptr(fd), p), nil
+}
+
+// openLeased opens name in dirfd, a regular file under a lease, without
+// O_NONBLOCK: through an O_PATH descriptor of it (resolved with
+// resolve), so that no fifo put in its place can block the open.
+func openLeased(dirfd int, name string, flags int, resolve uint64) (int, error) {
+	pfd, err := unix.Openat2(dirfd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return -1, unix.EAGAIN
+	}
+	for {
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
 }
 
 // changedUnder reports whether err, from opening a path beneath a tree,

@@ -293,6 +293,10 @@ const maxGitignore = 4 << 20
 // dir), never following a symlink and never blocking on a fifo.
 func readGitignore(dirfd int, dir string, domain []string) ([]gitignore.Pattern, error) {
 	fd, err := unix.Openat(dirfd, ".gitignore", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err == unix.EAGAIN {
+		// A lease another process holds: broken by a blocking open.
+		fd, err = openLeased(dirfd, ".gitignore", unix.O_RDONLY, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_SYMLINKS)
+	}
 	if err == unix.ENOENT || err == unix.ELOOP {
 		return nil, nil // none, or a symlink: a save reads no file through one
 	}
