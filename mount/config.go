@@ -42,7 +42,10 @@ type Config struct {
 	AllowUserOwnedParents bool
 	Store                 string // file:///dir
 	ID                    string
-	Load                  string // current | REV | none
+	// IDGiven says --id was given: an empty one is refused, not taken
+	// for "a new workspace".
+	IDGiven bool
+	Load    string // current | REV | none
 	// From, "ID" or "ID@REV", seeds a new workspace with a revision of
 	// another one on the same store (a fork).
 	From        string
@@ -188,7 +191,7 @@ func (c *Config) Normalize() error {
 	if c.Store == "" {
 		c.Store = DefaultStore()
 	}
-	if c.ID != "" {
+	if c.ID != "" || c.IDGiven {
 		if err := revision.ValidateID(c.ID); err != nil {
 			return err
 		}

@@ -1,6 +1,8 @@
 package mount
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -151,11 +153,21 @@ func DeadHolder(cacheDir string, store revision.Store, id string) func(string) b
 	return deadHolder(slotsDir(cacheDir, store, id), nil, nil)
 }
 
-// slotsDir is where a workspace's working-directory slots live.
+// slotsDir is where a workspace's working-directory slots live: named
+// after the id, or, for an id too long for a file name (AML takes ids of
+// any length), after its hash; the state file keeps the id itself.
 func slotsDir(cacheDir string, store revision.Store, id string) string {
 	seg, _ := revision.Seg(id)
+	if len(seg) > maxSegName {
+		sum := sha256.Sum256([]byte(id))
+		seg = "id-" + hex.EncodeToString(sum[:16])
+	}
 	return filepath.Join(cacheDir, "workspaces", seg+"@"+mountKey(store.String()))
 }
+
+// maxSegName is the longest id segment a slots directory is named after:
+// with "@" and the store's key, the name stays well under NAME_MAX (255).
+const maxSegName = 200
 
 // PurgeCache removes a workspace's working trees and recovery state under
 // cacheDir. It refuses, with AML_WORKSPACE_CONFLICT, while a mount on this

@@ -1,9 +1,11 @@
 package mount
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -85,5 +87,27 @@ func TestDeadHolder(t *testing.T) {
 				t.Fatalf("dead = %v, want %v", got, tc.dead)
 			}
 		})
+	}
+}
+
+// TestSlotsDirLongID: an id of any length AML takes gets a slots
+// directory whose name fits a file name; short ids keep theirs.
+func TestSlotsDirLongID(t *testing.T) {
+	cache := t.TempDir()
+	for _, id := range []string{"short", strings.Repeat("i", 238), strings.Repeat("é", 200), strings.Repeat("x", 1000)} {
+		st, err := OpenStore(context.Background(), "file://"+t.TempDir(), S3Options{}, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := slotsDir(cache, st, id)
+		if len(filepath.Base(dir)) > 255 {
+			t.Errorf("id of %d bytes: a name of %d bytes", len(id), len(filepath.Base(dir)))
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Errorf("id of %d bytes: %v", len(id), err)
+		}
+		if id == "short" && !strings.HasPrefix(filepath.Base(dir), "short@") {
+			t.Errorf("a short id's directory: %s", dir)
+		}
 	}
 }

@@ -92,7 +92,7 @@ func configFrom(c *cli.Context, mountpoint string) mount.Config {
 		fo = append(fo, strings.Split(o, ",")...)
 	}
 	return mount.Config{
-		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), Load: c.String("load"), From: c.String("from"),
+		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), IDGiven: c.IsSet("id"), Load: c.String("load"), From: c.String("from"),
 		Format: c.String("format"), Save: c.String("save"), Retention: c.Int("retention"),
 		Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
 		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), DiscardUnsaved: c.Bool("discard-unsaved"), AllowUserOwnedParents: c.Bool("allow-user-owned-parents"), MetricsAddr: c.String("metrics-addr"), CacheDir: c.String("cache-dir"),
