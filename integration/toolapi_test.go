@@ -324,6 +324,38 @@ func TestToolWriteTooLarge(t *testing.T) {
 	if fileExists(filepath.Join(mp, "big.bin")) {
 		t.Error("a refused write_file made the file")
 	}
+	// The CLI with the arguments on stdin: TOO_LARGE, not a cut JSON.
+	cmd := exec.Command(amlfsBin, "tool", mp, "write_file")
+	cmd.Env = append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime)
+	cmd.Stdin = strings.NewReader(`{"path":"big.bin","content":"` + strings.Repeat("x", tools.MaxArgsBytes+10) + `"}`)
+	out, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(out), tools.CodeTooLarge) {
+		t.Errorf("amlfs tool with %d bytes on stdin: %.300s", tools.MaxArgsBytes+10, out)
+	}
+	// MCP: a 16 MiB content (the SDK's own frame bound) is written; one
+	// over the documented bound is TOO_LARGE; the server lives on.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sess := mcpSession(t, ctx, mp, append(os.Environ(), "AMLFS_RUNTIME_DIR="+e.runtime))
+	for _, tc := range []struct {
+		size   int
+		tooBig bool
+	}{{17 << 20, false}, {tools.MaxFrameBytes + 10, true}, {1 << 10, false}} {
+		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "write_file", Arguments: map[string]any{"path": "mcp.bin", "content": strings.Repeat("y", tc.size)}})
+		if err != nil {
+			t.Fatalf("MCP write_file of %d bytes: %v (the server died?)", tc.size, err)
+		}
+		text := ""
+		if len(res.Content) > 0 {
+			text = res.Content[0].(*mcp.TextContent).Text
+		}
+		if res.IsError != tc.tooBig || tc.tooBig && !strings.Contains(text, tools.CodeTooLarge) {
+			t.Errorf("MCP write_file of %d bytes: error %v: %.200s", tc.size, res.IsError, text)
+		}
+		if fi, err := os.Stat(filepath.Join(mp, "mcp.bin")); !tc.tooBig && (err != nil || fi.Size() != int64(tc.size)) {
+			t.Errorf("MCP write_file of %d bytes: %v %v", tc.size, fi, err)
+		}
+	}
 	e.unmount(mp, "--no-save")
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -29,7 +30,13 @@ func NewMCPServer(version string, call Caller, readOnly bool) *mcp.Server {
 		ann := &mcp.ToolAnnotations{ReadOnlyHint: ro, DestructiveHint: &destructive, IdempotentHint: idempotent, OpenWorldHint: new(bool)}
 		s.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema, Annotations: ann},
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-				out, err := call(ctx, t.Name, req.Params.Arguments)
+				var out json.RawMessage
+				var err error
+				if n, ok := frameTooLarge(req.Params.Arguments); ok {
+					err = &Error{Code: CodeTooLarge, Message: fmt.Sprintf("the call's frame was %d bytes, over the %d an MCP call may take: write large files in parts, or through the shell", n, MaxFrameBytes)}
+				} else {
+					out, err = call(ctx, t.Name, req.Params.Arguments)
+				}
 				if err != nil {
 					var te *Error
 					if !errors.As(err, &te) {

@@ -29,9 +29,15 @@ func toolCommand() *cli.Command {
 			args := []byte(c.Args().Get(2))
 			if c.NArg() == 2 {
 				var err error
-				if args, err = io.ReadAll(io.LimitReader(os.Stdin, tools.MaxReadBytes*2)); err != nil {
+				if args, err = io.ReadAll(io.LimitReader(os.Stdin, tools.MaxArgsBytes+1)); err != nil {
 					return err
 				}
+			}
+			if len(args) > tools.MaxArgsBytes {
+				data, _ := json.MarshalIndent(map[string]*tools.Error{"error": {Code: tools.CodeTooLarge,
+					Message: fmt.Sprintf("the call's arguments are over %d bytes: write large files in parts, or through the shell", tools.MaxArgsBytes)}}, "", "  ")
+				fmt.Fprintln(c.App.Writer, string(data))
+				return exitStatus(1)
 			}
 			cl, err := mount.NewClient(mp)
 			if err != nil {
@@ -77,10 +83,18 @@ func mcpCommand() *cli.Command {
 			for _, m := range st.Mounts {
 				readOnly = readOnly && m.RO
 			}
-			return tools.NewMCPServer(buildVersion(), cl.Tool, readOnly).Run(c.Context, &mcp.StdioTransport{})
+			// Frames up to the documented bound are taken whole; a larger
+			// one is answered TOO_LARGE, and never kills the server.
+			in := tools.LimitFrames(os.Stdin, tools.MaxFrameBytes)
+			return tools.NewMCPServer(buildVersion(), cl.Tool, readOnly).Run(c.Context,
+				&mcp.IOTransport{Reader: in, Writer: nopWriteCloser{os.Stdout}, MaxLineLength: tools.MaxFrameBytes + 1<<20})
 		},
 	}
 }
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
 
 // buildVersion is the module version amlfs was built as.
 func buildVersion() string {
