@@ -2,11 +2,13 @@ package integration
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/amlfs/amlfs/mount"
 )
@@ -151,4 +153,82 @@ func TestMountpointHostile(t *testing.T) {
 // (mount.SocketPath without its directory).
 func socketName(mp string) string {
 	return filepath.Base(mount.SocketPath(mp))
+}
+
+// TestRefusedMountLeavesNothing: a mount refused for its configuration (a
+// live mount whose directory is missing) takes no lease and leaves no
+// tree that the next mount would resume as unsaved work and publish over
+// another writer's revision (issue 26).
+func TestRefusedMountLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	mp := e.mount("refused")
+	must(t, os.WriteFile(filepath.Join(mp, "a"), []byte("one"), 0o644))
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	r := e.amlfs(append([]string{"mount", "--daemon", mp}, e.wsArgs("refused", "--mount", "/data=file://"+filepath.Join(e.root, "missing"))...)...)
+	if r.code != 2 {
+		t.Fatalf("mount with a live mount's directory missing: %s", r)
+	}
+	states, _ := filepath.Glob(filepath.Join(e.cache, "workspaces", "*", "*", "state.json"))
+	if len(states) != 0 {
+		t.Errorf("the refused mount left unsaved-work state: %v", states)
+	}
+	if _, err := os.Stat(filepath.Join(e.storeD, "refused.lock")); err == nil {
+		t.Error("the refused mount left its lease")
+	}
+	// Another writer publishes; the next mount here takes its revision.
+	h := e.host(t)
+	mp2 := h.mount("refused")
+	must(t, os.WriteFile(filepath.Join(mp2, "a"), []byte("two"), 0o644))
+	if r := h.unmount(mp2); r.code != 0 {
+		t.Fatalf("the other writer's save: %s", r)
+	}
+	r = e.mountAt(mp, "refused")
+	if r.code != 0 || strings.Contains(r.stderr, "resuming") {
+		t.Fatalf("the next mount: %s", r)
+	}
+	if data, err := os.ReadFile(filepath.Join(mp, "a")); err != nil || string(data) != "two" {
+		t.Errorf("after the refused mount, the next one reads %q, %v; want the other writer's", data, err)
+	}
+}
+
+// TestNoSaveUnmountWaitsForCommit: `unmount --no-save` while a commit is
+// under way waits for it; nothing is published after the daemon said it
+// stopped (issue 26).
+func TestNoSaveUnmountWaitsForCommit(t *testing.T) {
+	e, px := faultyS3Env(t)
+	mp := e.mount("inflight")
+	for i := 0; i < 20; i++ {
+		must(t, os.WriteFile(filepath.Join(mp, fmt.Sprintf("f%d", i)), []byte("x"), 0o644))
+	}
+	px.set(&fault{kind: faultLatency, match: func(r *http.Request) bool { return r.Method == http.MethodPut }, delay: time.Second})
+	commit := make(chan result, 1)
+	var committedAt time.Time
+	go func() { r := e.amlfs("commit", mp); committedAt = time.Now(); commit <- r }()
+	time.Sleep(500 * time.Millisecond)
+	r := e.unmount(mp, "--no-save")
+	stoppedAt := time.Now()
+	if r.code != 0 {
+		t.Fatalf("unmount --no-save: %s", r)
+	}
+	c := <-commit
+	px.set()
+	if c.code == 0 {
+		if committedAt.After(stoppedAt.Add(200 * time.Millisecond)) {
+			t.Errorf("the commit published %v after the unmount --no-save answered that the daemon stopped", committedAt.Sub(stoppedAt))
+		}
+		rev := strings.TrimSpace(c.stdout)
+		// The commit published before the unmount answered.
+		list := e.amlfs(append([]string{"revisions", "list", "--json"}, e.storeFlags("inflight")...)...)
+		if !strings.Contains(list.stdout, rev) {
+			t.Errorf("the commit said %s, the store has %s", rev, list.stdout)
+		}
+	}
+	before := e.amlfs(append([]string{"revisions", "list", "--json"}, e.storeFlags("inflight")...)...).stdout
+	time.Sleep(2 * time.Second)
+	after := e.amlfs(append([]string{"revisions", "list", "--json"}, e.storeFlags("inflight")...)...).stdout
+	if before != after {
+		t.Errorf("the store changed after the daemon stopped at %v:\n%s\n%s", stoppedAt, before, after)
+	}
 }

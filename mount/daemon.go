@@ -47,6 +47,9 @@ type Daemon struct {
 	// tool calls beneath the mount's root, held from the mount on.
 	at    *mountpoint.Dir
 	tools *tools.FS
+	// fresh: the working tree was restored (or made) by this start,
+	// not resumed from an earlier run.
+	fresh bool
 	// serve is how the workspace is served, "native" or "fuse", and
 	// serveWhy why (Config.Serve and what this host can do).
 	serve, serveWhy string
@@ -74,6 +77,7 @@ type Daemon struct {
 	lastSave   *SaveInfo // GUARDED_BY(mu)
 	phase      string    // GUARDED_BY(mu)
 	stopping   bool      // GUARDED_BY(mu)
+	stopped    bool      // GUARDED_BY(mu): stop has returned; no save runs after it
 	stopReqs   chan stopRequest
 	startedAt  time.Time
 
@@ -356,6 +360,12 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	wlog := d.log.With("provider", "workspace")
+	// The live mounts before the lease and the restore: one refused
+	// (INVALID_CONFIG) takes nothing and leaves no tree behind.
+	live, err := d.openLive(ctx)
+	if err != nil {
+		return err
+	}
 	// The slot first: holding it, this daemon can tell whether the holder
 	// of a lease that is not stale yet is a crashed mount of this host.
 	slots := slotsDir(cfg.CacheDir, store, cfg.ID)
@@ -390,10 +400,6 @@ func (d *Daemon) start(ctx context.Context) error {
 	// caller with umask 002 must get group-writable files). Every file the
 	// daemon makes for itself names its mode explicitly.
 	syscall.Umask(0)
-	live, err := d.openLive(ctx)
-	if err != nil {
-		return err
-	}
 	var fsys server
 	if d.serve == ServeNative {
 		fsys, err = d.mountNative(ctx, live, wlog)
@@ -531,6 +537,9 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 	if err := os.RemoveAll(d.workDir); err != nil {
 		return err
 	}
+	// A tree made here, not resumed: a start that fails before it is
+	// served removes it again, so no next mount takes it for unsaved work.
+	d.fresh = true
 	idx := d.ws.Index()
 	switch {
 	case cfg.Load == "none":
@@ -620,6 +629,17 @@ func (d *Daemon) notify(format string, args ...any) {
 func (d *Daemon) cleanupFailedStart(ctx context.Context) {
 	if d.at != nil {
 		d.at.Close()
+	}
+	for _, c := range d.closers {
+		c()
+	}
+	d.closers = nil
+	if d.fresh && d.fs == nil && d.workDir != "" {
+		// Restored here and never served: nothing in it is anyone's
+		// work. Left, the next mount would resume it as unsaved and
+		// publish it over whatever is current then.
+		os.RemoveAll(d.workDir)
+		os.Remove(d.state)
 	}
 	if d.slot != nil {
 		d.slot.Close()
@@ -738,6 +758,17 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	d.mu.Lock()
 	d.stopping = true
 	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.stopped = true
+		d.mu.Unlock()
+	}()
+	if req.noSave || d.cfg.Save == SaveNever {
+		// A commit under way finishes before the daemon stops, and none
+		// runs after it says it stopped (save refuses once stopped).
+		d.saveMu.Lock()
+		defer d.saveMu.Unlock()
+	}
 	d.log.Info("stopping", "reason", req.reason, "save", d.cfg.Save, "noSave", req.noSave)
 	d.stopPrefetch()
 	<-d.prefetchDone
@@ -883,8 +914,11 @@ func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo,
 		d.saveMu.Lock()
 		defer d.saveMu.Unlock()
 		d.mu.Lock()
-		base := d.baseRev
+		base, stopped := d.baseRev, d.stopped
 		d.mu.Unlock()
+		if stopped {
+			return SaveInfo{}, errors.New("the daemon has stopped")
+		}
 		res, err := d.ws.SaveFork(ctx, d.workDir, d.cfg.Selection(), newID, revID, base)
 		if err != nil {
 			d.metrics.Save("failed", 0, 0, 0)
@@ -962,6 +996,12 @@ func (d *Daemon) saveWatch() func() func() bool {
 func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.saveMu.Lock()
 	defer d.saveMu.Unlock()
+	d.mu.Lock()
+	stopped := d.stopped
+	d.mu.Unlock()
+	if stopped {
+		return SaveInfo{}, errors.New("the daemon has stopped")
+	}
 	mark := d.fs.Mark()
 	d.saveMark, d.readMark = mark, mark
 	defer func() { d.saveMark = -1 }()
