@@ -426,7 +426,7 @@ func tgzBomb(t *testing.T) []byte {
 // revisions commands, and writes nothing to the store.
 func TestIDsAMLRefuses(t *testing.T) {
 	e := newEnv(t)
-	for _, id := range []string{" lead", "trail ", " ", "\n", "nbsp\u00a0", "\u3000ideo", "feff\ufeff"} {
+	for _, id := range []string{"", " lead", "trail ", " ", "\n", "nbsp\u00a0", "\u3000ideo", "feff\ufeff"} {
 		r := e.mountAt(filepath.Join(e.root, "mnt-bad"), id)
 		if r.code != 2 || !strings.Contains(r.stderr, "INVALID_CONFIG") || !strings.Contains(r.stderr, "AML refuses it") {
 			t.Errorf("mount --id %q: %s", id, r)
