@@ -40,12 +40,6 @@ func TestNormalize(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/mnt/with\040space\011tab`); got != "/mnt/with space\ttab" {
-		t.Errorf("got %q", got)
-	}
-}
-
 func FuzzParseStore(f *testing.F) {
 	for _, s := range []string{"file:///var/lib/amlfs", "s3://bucket/aml/workspaces", "s3://b", "s3://b/../x", "file://host/x", "ftp://x", "s3://b/a//c"} {
 		f.Add(s)
