@@ -47,6 +47,7 @@ func agentHome(t *testing.T, e *env) string {
 // handle (issue 26, rows 1 to 4).
 func TestMountpointHostile(t *testing.T) {
 	needTools(t, "util-linux", "setpriv")
+	needTools(t, "python3", "python3")
 	for _, serve := range []string{"fuse", "native"} {
 		t.Run(serve, func(t *testing.T) {
 			e := newEnv(t)
