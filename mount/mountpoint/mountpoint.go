@@ -383,13 +383,78 @@ func (m *Mount) Unmount(lazy bool) error {
 		return nil
 	}
 	if !m.AtItsPlace() {
-		return &Error{Path: m.at.path, Msg: "the mount was moved away from its mountpoint; unmount it where it is"}
+		if !lazy {
+			return &os.PathError{Op: "umount", Path: m.at.path, Err: ErrBusy}
+		}
+		return m.detachMoved()
 	}
 	flags := unix.UMOUNT_NOFOLLOW
 	if lazy {
 		flags |= unix.MNT_DETACH
 	}
 	return umount(fdPath(m.at.parent)+"/"+m.at.name, flags, m.at.path)
+}
+
+// detachMoved detaches the mount where it is now, after a move (mount
+// --move) took it away from its mountpoint: found through mountinfo, opened
+// with no symlink followed, and detached only if the root opened is this
+// mount's.
+func (m *Mount) detachMoved() error {
+	where, err := mountPath(m.id, m.dev)
+	if err != nil {
+		return err
+	}
+	d, err := Open(where, Policy{AllowUserOwnedParents: true})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	top, err := d.Top()
+	if err != nil {
+		return err
+	}
+	defer top.Close()
+	var st unix.Statx_t
+	if err := unix.Statx(int(top.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil ||
+		st.Mnt_id != m.id || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return &Error{Path: where, Msg: "the mount moved again while it was being detached"}
+	}
+	return umount(fdPath(top), unix.MNT_DETACH, where)
+}
+
+// mountPath is where mountinfo says the mount of id and dev is.
+func mountPath(id uint64, dev string) (string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	want := strconv.FormatUint(id, 10)
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && fields[0] == want && fields[2] == dev {
+			return unescapeMountinfo(fields[4]), nil
+		}
+	}
+	return "", &Error{Path: want, Msg: "no such mount"}
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // Parent returns a new descriptor of the mountpoint's parent, and the
