@@ -12,14 +12,14 @@
 //     the event's own descriptor, or answers EIO. The mark is removed
 //     once the file holds its bytes, so a fetched file costs nothing
 //     afterwards.
+//   - Changes: every directory carries an inode mark in a notification
+//     group for the changes of its entries (FAN_REPORT_FID), which only
+//     count, so the daemon knows whether the tree changed since a save.
 //
 // An external umount is noticed by the mount's id leaving
 // /proc/self/mountinfo, which signals every change of the mount table
 // with POLLPRI; a mount moved, or whose parent was renamed, is still
 // served.
-//   - Changes: every directory carries an inode mark in a notification
-//     group for the changes of its entries (FAN_REPORT_FID), which only
-//     count, so the daemon knows whether the tree changed since a save.
 package native
 
 import (
