@@ -674,6 +674,11 @@ func prepareMountpoint(mp string, policy mountpoint.Policy, nonempty bool, notif
 		}
 		notify("cleaned a stale mount at %s (transport endpoint is not connected), left by a crashed daemon", mp)
 		uerr := at.Detach()
+		if errors.Is(uerr, syscall.EPERM) {
+			// Not root: only fusermount3 may detach it, by path (its
+			// own checks make it this user's mount).
+			uerr = Detach(mp)
+		}
 		at.Close()
 		if uerr != nil {
 			return nil, fmt.Errorf("clean stale mount at %s: %w", mp, uerr)
