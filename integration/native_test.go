@@ -606,3 +606,44 @@ func TestNativeDetachedNoZeros(t *testing.T) {
 	}
 	t.Logf("%d of %d files read whole through the detached mount, the rest EIO", read, len(want))
 }
+
+// TestNativePrefetchEmptyFiles: the background prefetch of a lazily
+// restored tree with empty files finishes, and nothing waits on it. An
+// empty placeholder was filled by path, whose open waited on the very
+// FAN_OPEN_PERM event it raised: the prefetch, and every later open of
+// the file, hung.
+func TestNativePrefetchEmptyFiles(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	mp := e.mount("empties", "--serve", "native")
+	for i := 0; i < 8; i++ {
+		must(t, os.WriteFile(filepath.Join(mp, fmt.Sprintf("empty%d", i)), nil, 0o644))
+	}
+	must(t, os.WriteFile(filepath.Join(mp, "full"), []byte("bytes"), 0o644))
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("save: %s", r)
+	}
+	h := e.host(t)
+	mp2 := h.mount("empties", "--serve", "native")
+	deadline := time.Now().Add(20 * time.Second)
+	for jsonInt(t, h.amlfs("status", mp2, "--json").stdout, "pendingFiles") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the prefetch did not finish: %s", h.amlfs("status", mp2).stdout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := os.ReadFile(filepath.Join(mp2, "empty3"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("an open of an empty restored file hangs")
+	}
+	if r := h.unmount(mp2); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}

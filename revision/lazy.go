@@ -364,11 +364,14 @@ func (w *Workspace) FillOnAccess() {
 // the fill by path, which then raises no event.
 func (w *Workspace) access(l *lazyState, ino uint64, path string) error {
 	l.mu.Lock()
-	pf, ok := l.pending[ino]
+	_, ok := l.pending[ino]
 	l.mu.Unlock()
-	if !ok || pf.size == 0 {
+	if !ok {
 		return nil
 	}
+	// Even an empty placeholder is opened: natively its open is what
+	// fills it (FAN_OPEN_PERM), and a fill by path afterwards would wait
+	// on the very event its own open raises.
 	f, err := l.open(path, os.O_RDONLY)
 	if err != nil {
 		return err
