@@ -647,3 +647,24 @@ func TestNativePrefetchEmptyFiles(t *testing.T) {
 		t.Fatalf("unmount: %s", r)
 	}
 }
+
+// TestNativeSaveKeepsPlaceholders: a checkpoint of a lazily restored tree
+// fetches none of the files it has not changed: their objects are reused.
+// (A save's open of a placeholder would fill it, now that opens do.)
+func TestNativeSaveKeepsPlaceholders(t *testing.T) {
+	want, h, mp2 := lazyNative(t, newEnv(t))
+	pending := jsonInt(t, h.amlfs("status", mp2, "--json").stdout, "pendingFiles")
+	must(t, os.WriteFile(filepath.Join(mp2, "new.txt"), []byte("new"), 0o644))
+	if r := h.amlfs("commit", mp2); r.code != 0 {
+		t.Fatalf("commit: %s", r)
+	}
+	if n := jsonInt(t, h.amlfs("status", mp2, "--json").stdout, "pendingFiles"); n != pending {
+		t.Errorf("the commit fetched %d of %d files it did not change", pending-n, pending)
+	}
+	if r := h.unmount(mp2); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	want["new.txt"] = []byte("new")
+	h3 := h.host(t)
+	checkTree(t, h3.mount("native", "--serve", "fuse", "--restore", "full"), want)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -149,6 +150,30 @@ func openSaved(t *tree, rel string) (f *os.File, gone bool, err error) {
 		return nil, true, nil
 	}
 	return f, false, nil
+}
+
+// placeholderAt reports whether rel is a placeholder, looked at through
+// an O_PATH descriptor: no open of the file itself, which natively would
+// fill it (FAN_OPEN_PERM). A save that reuses an unchanged file's object
+// must not fetch a placeholder's bytes only to copy that object.
+func placeholderAt(t *tree, rel string) bool {
+	name := rel
+	if name == "" {
+		name = "."
+	}
+	// openat2 takes no other flag beside O_PATH (tree.open adds
+	// O_NONBLOCK).
+	fd, err := unix.Openat2(t.fd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: beneath})
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false
+	}
+	_, err = unix.Getxattr("/proc/self/fd/"+strconv.Itoa(fd), PendingXattr(), nil)
+	return err == nil
 }
 
 func closeLocal(f *os.File) {

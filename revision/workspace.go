@@ -753,12 +753,18 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		key, stp, ok := base.reusable(dir, te.Path)
 		key = baseKey(key)
 		if ok && stp.size == uint64(te.Size) {
-			f, isGone, err := openSaved(t, te.Path)
-			if err != nil {
-				return up, err
+			var f *os.File
+			var isGone bool
+			var err error
+			if !placeholderAt(t, te.Path) {
+				// Not a placeholder: its bytes are here, to write if
+				// the base's object is gone.
+				if f, isGone, err = openSaved(t, te.Path); err != nil {
+					return up, err
+				}
 			}
 			if !isGone {
-				if isPlaceholder(f) {
+				if f != nil && isPlaceholder(f) {
 					// Its bytes are only in the base: nothing to
 					// upload from here if that is gone.
 					f.Close()
