@@ -29,10 +29,14 @@ func TestOpenBreaksLease(t *testing.T) {
 	}
 	// The holder gives the lease up a moment after the break starts, as
 	// a well-behaved holder does on its SIGIO.
+	hfd := holder.Fd()
+	released := make(chan struct{})
 	go func() {
+		defer close(released)
 		time.Sleep(300 * time.Millisecond)
-		unix.FcntlInt(holder.Fd(), unix.F_SETLEASE, unix.F_UNLCK)
+		unix.FcntlInt(hfd, unix.F_SETLEASE, unix.F_UNLCK)
 	}()
+	defer func() { <-released }()
 	start := time.Now()
 	f, err := openBeneath(dir, "leased", os.O_RDONLY)
 	if err != nil {
