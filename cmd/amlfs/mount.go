@@ -217,7 +217,10 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 			args = append(args, "--"+name, fmt.Sprint(v))
 		}
 	}
-	args = append(args, "--id", cfg.ID, cfg.Mountpoint)
+	if cfg.ID != "" { // --store none has none
+		args = append(args, "--id", cfg.ID)
+	}
+	args = append(args, cfg.Mountpoint)
 	cmd := exec.Command("/proc/self/exe", args...)
 	cmd.Env = append(os.Environ(), readyFdEnv+"=3")
 	cmd.ExtraFiles = []*os.File{w}
