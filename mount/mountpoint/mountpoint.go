@@ -32,8 +32,9 @@ type Policy struct {
 	// rename or replace (the mount is still made on the descriptor, and
 	// no symlink is followed).
 	AllowUserOwnedParents bool
-	// Create makes the mountpoint (0755) if it is missing; its parents
-	// must exist.
+	// Create makes the mountpoint, and any parent of it that is
+	// missing (0755, each in the directory held open above it, so no
+	// symlink is followed on the way).
 	Create bool
 }
 
@@ -76,7 +77,7 @@ func Open(path string, p Policy) (*Dir, error) {
 		last := i == len(comps)-1
 		next := filepath.Join(at, c)
 		cfd, err := openComponent(int(cur.Fd()), c)
-		if errors.Is(err, unix.ENOENT) && last && p.Create {
+		if errors.Is(err, unix.ENOENT) && p.Create {
 			if err := unix.Mkdirat(int(cur.Fd()), c, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
 				cur.Close()
 				return nil, &os.PathError{Op: "mkdir", Path: next, Err: err}

@@ -35,6 +35,7 @@ func TestOpenRefusesShapes(t *testing.T) {
 		{"relative", "real/mp", "real/mp", false},
 		{"root", "/", "/", false},
 		{"made", filepath.Join(dir, "real", "new"), "", true},
+		{"made with its parents", filepath.Join(dir, "real", "a", "b", "c"), "", true},
 		{"dotdot through a symlink", filepath.Join(dir, "link", "..", "real", "mp"), "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,6 +52,13 @@ func TestOpenRefusesShapes(t *testing.T) {
 				t.Fatalf("Open(%s) = %v, want a refusal at %s", tc.path, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestOpenMissing(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Open(filepath.Join(dir, "x", "y"), Policy{}); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Open of a missing path without Create: %v", err)
 	}
 }
 
