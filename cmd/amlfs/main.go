@@ -1,4 +1,6 @@
-// Command amlfs mounts a revision-backed AML workspace through FUSE.
+// Command amlfs mounts a revision-backed AML workspace (through FUSE, or
+// natively as a bind mount), with live mounts beside it, and manages its
+// revisions: the CLI over package mount.
 package main
 
 import (
