@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -244,8 +245,10 @@ type Client struct {
 	// mp is the mountpoint as given (absolute), and mountID the id of the
 	// mount found there (0: none). Every request but a status goes only
 	// to a daemon whose status names both (verify).
-	mp       string
-	mountID  uint64
+	mp      string
+	mountID uint64
+	// vmu guards verified: a client may be used by many goroutines.
+	vmu      sync.Mutex
 	verified bool
 }
 
@@ -334,6 +337,8 @@ func mountRootID(f *os.File) uint64 {
 // verify checks, once, that the daemon behind the socket serves the mount
 // found at the client's path.
 func (c *Client) verify(ctx context.Context) error {
+	c.vmu.Lock()
+	defer c.vmu.Unlock()
 	if c.verified {
 		return nil
 	}
