@@ -87,7 +87,8 @@ type Content interface {
 type FS struct {
 	control    string // Options.ControlSocket
 	server     *fuse.Server
-	mnt        *mountpoint.Mount // nil if fusermount3 mounted it, by path
+	mnt        *mountpoint.Mount
+	byPath     bool // fusermount3 mounted it, by path, and unmounts it
 	root       *node
 	log        *slog.Logger
 	dir        string
@@ -147,11 +148,11 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 	}
 	f.root = &node{Node: lroot, fs: f}
 
-	server, mnt, err := serve(at, f.root, nil, opts, nil)
+	server, mnt, byPath, err := serve(at, f.root, nil, opts, nil)
 	if err != nil {
 		return nil, err
 	}
-	f.server, f.mnt = server, mnt
+	f.server, f.mnt, f.byPath = server, mnt, byPath
 	return f, nil
 }
 
@@ -159,7 +160,7 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 // mount shares; tune, if set, adjusts them for one provider. As root the
 // mount is made on at's descriptor (mountFD), never on its path; a daemon
 // that is not root mounts through fusermount3, which takes a path.
-func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, tune func(*fuse.MountOptions)) (*fuse.Server, *mountpoint.Mount, error) {
+func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, tune func(*fuse.MountOptions)) (server *fuse.Server, mnt *mountpoint.Mount, byPath bool, err error) {
 	mp := at.Path()
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
@@ -189,7 +190,7 @@ func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAtt
 	for _, o := range opts.MountOptions {
 		if ok, err := owner.parse(o); ok {
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, false, err
 			}
 			continue
 		}
@@ -225,7 +226,6 @@ func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAtt
 	if opts.Ops != nil {
 		raw = &metered{RawFileSystem: raw, obs: opts.Ops}
 	}
-	var mnt *mountpoint.Mount
 	target := mp
 	if canMountFD() {
 		dev, m, err := mountFD(at, &gopts.MountOptions)
@@ -241,19 +241,19 @@ func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAtt
 			opts.Log.Info("mounting by descriptor refused; trying fusermount3", "op", "mount", "path", mp, "err", err)
 			gopts.MountOptions.DirectMountStrict = false
 		default:
-			return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
+			return nil, nil, false, fmt.Errorf("mount %s: %w", mp, err)
 		}
 	}
-	server, err := fuse.NewServer(raw, target, &gopts.MountOptions)
+	server, err = fuse.NewServer(raw, target, &gopts.MountOptions)
 	if err != nil {
 		if mnt != nil {
 			mnt.Unmount(true)
 			mnt.Close()
 		}
 		if strings.Contains(err.Error(), "fusermount") && errors.Is(err, os.ErrNotExist) {
-			return nil, nil, fmt.Errorf("mount %s: %w (mounting as a user other than root needs the setuid fusermount3 of the fuse3 package: apt-get install fuse3)", mp, err)
+			return nil, nil, false, fmt.Errorf("mount %s: %w (mounting as a user other than root needs the setuid fusermount3 of the fuse3 package: apt-get install fuse3)", mp, err)
 		}
-		return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
+		return nil, nil, false, fmt.Errorf("mount %s: %w", mp, err)
 	}
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {
@@ -263,19 +263,21 @@ func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAtt
 		} else {
 			server.Unmount()
 		}
-		return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
+		return nil, nil, false, fmt.Errorf("mount %s: %w", mp, err)
 	}
 	if mnt == nil {
-		// fusermount3 mounted it by path: know it by its id from now on.
+		// fusermount3 mounted it by path: know it by its id from now on,
+		// and have fusermount3 unmount it.
+		byPath = true
 		if mnt, err = at.Found(); err != nil {
 			server.Unmount()
-			return nil, nil, fmt.Errorf("mount %s: %w", mp, err)
+			return nil, nil, false, fmt.Errorf("mount %s: %w", mp, err)
 		}
 	} else {
 		pollHack(mnt, opts.Log)
 	}
 	raiseReadahead(mnt, mo.MaxReadAhead, opts.Log)
-	return server, mnt, nil
+	return server, mnt, byPath, nil
 }
 
 // pollHack does what go-fuse's WaitMount does for a mount it made itself,
@@ -314,11 +316,11 @@ func MountLive(at *mountpoint.Dir, l Live, noXattr bool, opts Options) (*FS, err
 	// API's delete) sees one mount from the root down, not a boundary
 	// below the root.
 	attr := l.Attr
-	server, mnt, err := serve(at, l.Root, &attr, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
+	server, mnt, byPath, err := serve(at, l.Root, &attr, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
 	if err != nil {
 		return nil, err
 	}
-	return &FS{server: server, mnt: mnt, log: opts.Log, mountpoint: at.Path()}, nil
+	return &FS{server: server, mnt: mnt, byPath: byPath, log: opts.Log, mountpoint: at.Path()}, nil
 }
 
 // raiseReadahead lifts the kernel's readahead for the mount to kb bytes.
@@ -385,7 +387,7 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 	deadline := time.Now().Add(wait)
 	for {
 		var err error
-		if canMountFD() {
+		if !f.byPath {
 			if err = f.mnt.Unmount(false); err == nil {
 				f.server.Wait()
 			}
@@ -413,7 +415,7 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 
 // detach detaches the mount lazily.
 func (f *FS) detach() error {
-	if canMountFD() {
+	if !f.byPath {
 		return f.mnt.Unmount(true)
 	}
 	out, err := exec.Command("fusermount3", "-u", "-z", f.mountpoint).CombinedOutput()
