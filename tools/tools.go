@@ -139,7 +139,7 @@ func New(root, sandbox string) *FS {
 // parent of the mountpoint cannot turn a call onto another tree. The
 // sandbox sees the tree at sandbox.
 func NewOn(openRoot func() (*os.File, error), sandbox string) *FS {
-	return &FS{root: sandbox, openRoot: openRoot, prefix: path.Clean("/" + sandbox)}
+	return &FS{openRoot: openRoot, prefix: path.Clean("/" + sandbox)}
 }
 
 // SetOwner makes uid and gid (the sandbox's user) own every file and
