@@ -483,7 +483,7 @@ func socketFromMount(top *os.File, id uint64) (string, bool) {
 	at := "/proc/self/fd/" + strconv.Itoa(int(top.Fd()))
 	n, err := unix.Getxattr(at, NativeControlXattr, buf)
 	if err != nil || n == 0 {
-		if fstype, _ := mountType(id); fstype != "fuse.amlfs" {
+		if fstype, _ := mountpoint.Type(id); fstype != "fuse.amlfs" {
 			return "", false
 		}
 		if n, err = unix.Getxattr(at, fuse.ControlXattr, buf); err != nil || n == 0 {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -13,28 +12,6 @@ import (
 
 	"github.com/amlfs/amlfs/mount/mountpoint"
 )
-
-// mountType is the file system type of the mount with id, from
-// /proc/self/mountinfo (the field after the " - " separator).
-func mountType(id uint64) (string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	want := strconv.FormatUint(id, 10)
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) == 0 || fields[0] != want {
-			continue
-		}
-		for i, f := range fields {
-			if f == "-" && i+1 < len(fields) {
-				return fields[i+1], nil
-			}
-		}
-	}
-	return "", fmt.Errorf("no mount %d", id)
-}
 
 // probeMount asks the filesystem at mp for fresh attributes, which reach
 // the daemon serving it: a plain stat can be answered from the kernel's

@@ -353,9 +353,22 @@ func (m *Mount) Attached() bool {
 // A detached mount's id may be given to a new mount: the device must
 // match too.
 func inMountinfo(id uint64, dev string) (bool, error) {
+	m, ok, err := findMount(id)
+	return ok && m.dev == dev, err
+}
+
+// mountinfo is what one line of /proc/self/mountinfo says of a mount.
+type mountinfo struct {
+	dev    string // major:minor
+	path   string // where it is mounted, unescaped
+	fstype string
+}
+
+// findMount reads the line of the mount with id from /proc/self/mountinfo.
+func findMount(id uint64) (mountinfo, bool, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return false, err
+		return mountinfo{}, false, err
 	}
 	defer f.Close()
 	want := strconv.FormatUint(id, 10)
@@ -363,11 +376,29 @@ func inMountinfo(id uint64, dev string) (bool, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 2 && fields[0] == want && fields[2] == dev {
-			return true, nil
+		if len(fields) < 5 || fields[0] != want {
+			continue
 		}
+		m := mountinfo{dev: fields[2], path: unescapeMountinfo(fields[4])}
+		for k, f := range fields {
+			if f == "-" && k+1 < len(fields) {
+				m.fstype = fields[k+1]
+				break
+			}
+		}
+		return m, true, nil
 	}
-	return false, sc.Err()
+	return mountinfo{}, false, sc.Err()
+}
+
+// Type is the file system type of the mount with id ("fuse.amlfs",
+// "ext4"), from /proc/self/mountinfo.
+func Type(id uint64) (string, error) {
+	m, ok, err := findMount(id)
+	if err == nil && !ok {
+		err = &Error{Path: strconv.FormatUint(id, 10), Msg: "no such mount"}
+	}
+	return m.fstype, err
 }
 
 // ErrBusy is an unmount refused because files of the mount are in use.
@@ -425,18 +456,14 @@ func (m *Mount) detachMoved() error {
 
 // mountPath is where mountinfo says the mount of id and dev is.
 func mountPath(id uint64, dev string) (string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	m, ok, err := findMount(id)
 	if err != nil {
 		return "", err
 	}
-	want := strconv.FormatUint(id, 10)
-	for _, line := range strings.Split(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 4 && fields[0] == want && fields[2] == dev {
-			return unescapeMountinfo(fields[4]), nil
-		}
+	if !ok || m.dev != dev {
+		return "", &Error{Path: strconv.FormatUint(id, 10), Msg: "no such mount"}
 	}
-	return "", &Error{Path: want, Msg: "no such mount"}
+	return m.path, nil
 }
 
 // unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).

@@ -233,3 +233,14 @@ func TestUnescapeMountinfo(t *testing.T) {
 		}
 	}
 }
+
+func TestType(t *testing.T) {
+	var st unix.Statx_t
+	must(t, unix.Statx(unix.AT_FDCWD, "/proc", 0, unix.STATX_MNT_ID, &st))
+	if typ, err := Type(st.Mnt_id); err != nil || typ != "proc" {
+		t.Errorf("Type of /proc's mount: %q, %v", typ, err)
+	}
+	if _, err := Type(1 << 40); err == nil {
+		t.Error("Type of no mount")
+	}
+}
