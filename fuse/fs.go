@@ -384,23 +384,30 @@ func (f *FS) Wait() { f.server.Wait() }
 // unmount onto another mount, and a mount moved elsewhere is detached
 // where it is.
 func (f *FS) Unmount(wait time.Duration, lazy bool) error {
+	if !f.byPath {
+		detached, err := f.mnt.UnmountWithin(wait, lazy)
+		switch {
+		case err != nil && detached:
+			return fmt.Errorf("lazy unmount: %w", err)
+		case err != nil:
+			return err
+		case detached:
+			f.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", f.mountpoint)
+		default:
+			f.server.Wait()
+		}
+		return nil
+	}
+	// fusermount3 mounted it (not root): only it may unmount, and it
+	// takes a path (its own checks make it the user's own mount).
 	deadline := time.Now().Add(wait)
 	for {
-		var err error
-		if !f.byPath {
-			if err = f.mnt.Unmount(false); err == nil {
-				f.server.Wait()
-			}
-		} else {
-			// Not root: only fusermount3 may unmount, and it takes a
-			// path (its own checks make it the user's own mount).
-			err = f.server.Unmount()
-		}
+		err := f.server.Unmount()
 		if err == nil {
 			return nil
 		}
-		if time.Now().After(deadline) || !isBusy(err) {
-			if lazy {
+		if time.Now().After(deadline) {
+			if lazy && isBusy(err) {
 				if err := f.detach(); err != nil {
 					return fmt.Errorf("lazy unmount: %w", err)
 				}
@@ -413,11 +420,8 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 	}
 }
 
-// detach detaches the mount lazily.
+// detach detaches a mount fusermount3 made, lazily.
 func (f *FS) detach() error {
-	if !f.byPath {
-		return f.mnt.Unmount(true)
-	}
 	out, err := exec.Command("fusermount3", "-u", "-z", f.mountpoint).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("fusermount3 -uz: %v: %s", err, strings.TrimSpace(string(out)))

@@ -520,32 +520,12 @@ func (s *Server) Wait() { <-s.gone }
 // if lazy, detaches it. The loops stop and pending events are answered.
 func (s *Server) Unmount(wait time.Duration, lazy bool) error {
 	defer s.shutdown()
-	mp := s.opts.Mountpoint
-	if !s.mounted() {
-		return nil
+	detached, err := s.mnt.UnmountWithin(wait, lazy)
+	if detached && err == nil {
+		s.detached.Store(true)
+		s.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", s.opts.Mountpoint)
 	}
-	deadline := time.Now().Add(wait)
-	for {
-		err := s.mnt.Unmount(false)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) && !lazy {
-			return err
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			if !lazy {
-				return err
-			}
-			if err := s.mnt.Unmount(true); err != nil {
-				return err
-			}
-			s.detached.Store(true)
-			s.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", mp)
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return err
 }
 
 // shutdown makes Wait return. The loops and the groups stay until Close,

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -483,6 +484,31 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// UnmountWithin unmounts, retrying for up to wait while the mount is busy;
+// then, with lazy, it detaches it. It reports whether it had to detach.
+// A mount already gone is not an error.
+func (m *Mount) UnmountWithin(wait time.Duration, lazy bool) (detached bool, err error) {
+	deadline := time.Now().Add(wait)
+	for {
+		err := m.Unmount(false)
+		switch {
+		case err == nil:
+			return false, nil
+		case !errors.Is(err, ErrBusy):
+			if !m.Attached() {
+				return false, nil
+			}
+			return false, err
+		case time.Now().After(deadline):
+			if !lazy {
+				return false, err
+			}
+			return true, m.Unmount(true)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Parent returns a new descriptor of the mountpoint's parent, and the

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -242,5 +243,35 @@ func TestType(t *testing.T) {
 	}
 	if _, err := Type(1 << 40); err == nil {
 		t.Error("Type of no mount")
+	}
+}
+
+// TestUnmountWithin: a busy mount is retried for the wait, then refused,
+// or detached with lazy; a mount already gone is no error.
+func TestUnmountWithin(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	for _, p := range []string{"src", "mp"} {
+		must(t, os.MkdirAll(filepath.Join(dir, p), 0o755))
+	}
+	at, err := Open(filepath.Join(dir, "mp"), Policy{})
+	must(t, err)
+	fd, err := BindTree(filepath.Join(dir, "src"), false)
+	must(t, err)
+	m, err := at.Attach(fd)
+	must(t, err)
+	t.Cleanup(func() { m.Unmount(true); m.Close() })
+	busy, err := m.Root()
+	must(t, err)
+	defer busy.Close()
+	start := time.Now()
+	if detached, err := m.UnmountWithin(300*time.Millisecond, false); detached || !errors.Is(err, syscall.EBUSY) || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("busy, not lazy: detached %v, %v after %v", detached, err, time.Since(start))
+	}
+	if detached, err := m.UnmountWithin(0, true); !detached || err != nil || m.Attached() {
+		t.Fatalf("busy, lazy: detached %v, %v, attached %v", detached, err, m.Attached())
+	}
+	if detached, err := m.UnmountWithin(0, true); detached || err != nil {
+		t.Fatalf("gone: detached %v, %v", detached, err)
 	}
 }
