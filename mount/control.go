@@ -260,8 +260,8 @@ var ErrNotRunning = errors.New("no amlfs daemon serves this mountpoint")
 // its status names the mount found there, by id, and the same
 // mountpoint: a socket named by another path, a planted xattr or a
 // parent swapped for a symlink cannot turn a command onto another mount.
-func NewClient(mountpoint string) (*Client, error) {
-	mp, err := filepath.Abs(mountpoint)
+func NewClient(mountPoint string) (*Client, error) {
+	mp, err := filepath.Abs(mountPoint)
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +272,7 @@ func NewClient(mountpoint string) (*Client, error) {
 	}
 	if top != nil {
 		defer top.Close()
-		c.mountID = mountRootID(top)
+		c.mountID = mountpoint.RootID(top)
 	}
 	path := SocketPath(mp)
 	if _, err := os.Lstat(path); err != nil && c.mountID != 0 {
@@ -321,17 +321,6 @@ func openTop(mp string) (*os.File, error) {
 		return nil, nil
 	}
 	return top, nil
-}
-
-// mountRootID is the id of the mount whose root is open as f, or 0 if f
-// is not a mount's root.
-func mountRootID(f *os.File) uint64 {
-	var st unix.Statx_t
-	if unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st) != nil ||
-		st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
-		return 0
-	}
-	return st.Mnt_id
 }
 
 // verify checks, once, that the daemon behind the socket serves the mount

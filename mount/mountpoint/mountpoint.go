@@ -201,12 +201,44 @@ func (d *Dir) Detach() error {
 
 // isMountRoot reports whether f is the root of a mount.
 func isMountRoot(f *os.File) (bool, error) {
-	var st unix.Statx_t
-	err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st)
+	_, _, ok, err := mountAt(int(f.Fd()), "")
 	if err != nil {
 		return false, &os.PathError{Op: "statx", Path: f.Name(), Err: err}
 	}
-	return st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+	return ok, nil
+}
+
+// mountAt says which mount name in dirfd ("" for dirfd itself) belongs
+// to, by id and device (major:minor), and whether it is that mount's
+// root. It follows no symlink and asks no file system to sync.
+func mountAt(dirfd int, name string) (id uint64, dev string, root bool, err error) {
+	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_DONT_SYNC
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(dirfd, name, flags, unix.STATX_MNT_ID, &st); err != nil {
+		return 0, "", false, err
+	}
+	root = st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	return st.Mnt_id, fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor), root, nil
+}
+
+// isMount reports whether name in dirfd ("" for dirfd itself) is the
+// root of the mount with id.
+func isMount(dirfd int, name string, id uint64) bool {
+	got, _, root, err := mountAt(dirfd, name)
+	return err == nil && root && got == id
+}
+
+// RootID is the id of the mount whose root is open as f, or 0 if f is no
+// mount's root.
+func RootID(f *os.File) uint64 {
+	id, _, root, err := mountAt(int(f.Fd()), "")
+	if err != nil || !root {
+		return 0
+	}
+	return id
 }
 
 // Empty returns a name in the directory if it holds any (as it is, under
@@ -267,12 +299,12 @@ func (d *Dir) Attach(mfd int) (*Mount, error) {
 	if err := unix.MoveMount(mfd, "", int(d.dir.Fd()), "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return nil, &os.PathError{Op: "move_mount", Path: d.path, Err: err}
 	}
-	var st unix.Statx_t
-	if err := unix.Statx(mfd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
+	id, dev, _, err := mountAt(mfd, "")
+	if err != nil {
 		umount("/proc/self/fd/"+strconv.Itoa(mfd), unix.MNT_DETACH, d.path)
 		return nil, &os.PathError{Op: "statx", Path: d.path, Err: err}
 	}
-	return &Mount{at: d, id: st.Mnt_id, dev: fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)}, nil
+	return &Mount{at: d, id: id, dev: dev}, nil
 }
 
 // Found is the mount on d made by someone else (fusermount3, for a daemon
@@ -283,17 +315,14 @@ func (d *Dir) Found() (*Mount, error) {
 		return nil, err
 	}
 	defer top.Close()
-	if ok, err := isMountRoot(top); err != nil || !ok {
-		if err == nil {
-			err = &Error{Path: d.path, Msg: "nothing is mounted there"}
-		}
+	id, dev, root, err := mountAt(int(top.Fd()), "")
+	if err != nil {
 		return nil, err
 	}
-	var st unix.Statx_t
-	if err := unix.Statx(int(top.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil {
-		return nil, err
+	if !root {
+		return nil, &Error{Path: d.path, Msg: "nothing is mounted there"}
 	}
-	return &Mount{at: d, id: st.Mnt_id, dev: fmt.Sprintf("%d:%d", st.Dev_major, st.Dev_minor)}, nil
+	return &Mount{at: d, id: id, dev: dev}, nil
 }
 
 // ID is the mount's id (mountinfo's first field, statx's stx_mnt_id).
@@ -326,9 +355,7 @@ func (m *Mount) Root() (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	var st unix.Statx_t
-	err = unix.Statx(int(top.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st)
-	if err != nil || st.Mnt_id != m.id || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+	if !isMount(int(top.Fd()), "", m.id) {
 		top.Close()
 		return nil, &Error{Path: m.at.path, Msg: "the mount is no longer there"}
 	}
@@ -338,9 +365,7 @@ func (m *Mount) Root() (*os.File, error) {
 // AtItsPlace reports whether the mount is the topmost one on its
 // mountpoint directory (it may have been moved, or detached).
 func (m *Mount) AtItsPlace() bool {
-	var st unix.Statx_t
-	err := unix.Statx(int(m.at.parent.Fd()), m.at.name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st)
-	return err == nil && st.Mnt_id == m.id && st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+	return isMount(int(m.at.parent.Fd()), m.at.name, m.id)
 }
 
 // Attached reports whether the mount is still in this mount namespace
@@ -447,9 +472,7 @@ func (m *Mount) detachMoved() error {
 		return err
 	}
 	defer top.Close()
-	var st unix.Statx_t
-	if err := unix.Statx(int(top.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st); err != nil ||
-		st.Mnt_id != m.id || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+	if !isMount(int(top.Fd()), "", m.id) {
 		return &Error{Path: where, Msg: "the mount moved again while it was being detached"}
 	}
 	return umount(fdPath(top), unix.MNT_DETACH, where)
@@ -525,9 +548,7 @@ func (m *Mount) Parent() (*os.File, string, error) {
 // DetachAt lazily detaches the mount with id if it is the topmost one on
 // name in the directory open as parent. It does nothing otherwise.
 func DetachAt(parent *os.File, name string, id uint64) error {
-	var st unix.Statx_t
-	err := unix.Statx(int(parent.Fd()), name, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID, &st)
-	if err != nil || st.Mnt_id != id || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+	if !isMount(int(parent.Fd()), name, id) {
 		return nil
 	}
 	return umount(fdPath(parent)+"/"+name, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW, name)
