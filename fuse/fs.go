@@ -12,7 +12,6 @@ import (
 	"log"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
@@ -408,7 +407,7 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 		}
 		if time.Now().After(deadline) {
 			if lazy && isBusy(err) {
-				if err := f.detach(); err != nil {
+				if err := mountpoint.FusermountDetach(f.mountpoint); err != nil {
 					return fmt.Errorf("lazy unmount: %w", err)
 				}
 				f.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", f.mountpoint)
@@ -418,15 +417,6 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// detach detaches a mount fusermount3 made, lazily.
-func (f *FS) detach() error {
-	out, err := exec.Command("fusermount3", "-u", "-z", f.mountpoint).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("fusermount3 -uz: %v: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }
 
 // Mount is the mount, known by its id and held by descriptor.

@@ -677,7 +677,7 @@ func prepareMountpoint(mp string, policy mountpoint.Policy, nonempty bool, notif
 		if errors.Is(uerr, syscall.EPERM) {
 			// Not root: only fusermount3 may detach it, by path (its
 			// own checks make it this user's mount).
-			uerr = Detach(mp)
+			uerr = mountpoint.FusermountDetach(mp)
 		}
 		at.Close()
 		if uerr != nil {

@@ -2,10 +2,7 @@ package mount
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -66,30 +63,7 @@ func DetachIfDead(mp string) (bool, error) {
 		return false, nil
 	}
 	if os.Geteuid() != 0 {
-		return true, Detach(mp)
+		return true, mountpoint.FusermountDetach(mp)
 	}
 	return true, at.Detach()
-}
-
-// Detach removes the mount at mp lazily (MNT_DETACH): it leaves the
-// namespace at once, and what still holds it open keeps it until closed.
-// As root (or with CAP_SYS_ADMIN) this is umount2 itself; otherwise the
-// setuid fusermount3 (or fusermount) does it for the user who mounted.
-func Detach(mp string) error {
-	err := unix.Unmount(mp, unix.MNT_DETACH)
-	if err == nil || !errors.Is(err, syscall.EPERM) {
-		if err != nil {
-			return &os.PathError{Op: "umount2", Path: mp, Err: err}
-		}
-		return nil
-	}
-	for _, bin := range []string{"fusermount3", "fusermount"} {
-		if p, lerr := exec.LookPath(bin); lerr == nil {
-			if out, cerr := exec.Command(p, "-u", "-z", mp).CombinedOutput(); cerr != nil {
-				return fmt.Errorf("%s -uz %s: %v: %s", bin, mp, cerr, strings.TrimSpace(string(out)))
-			}
-			return nil
-		}
-	}
-	return fmt.Errorf("unmount %s: %w (and no fusermount3 to do it unprivileged)", mp, err)
 }

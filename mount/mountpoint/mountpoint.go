@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -552,6 +553,22 @@ func DetachAt(parent *os.File, name string, id uint64) error {
 		return nil
 	}
 	return umount(fdPath(parent)+"/"+name, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW, name)
+}
+
+// FusermountDetach detaches the FUSE mount at mp lazily through the
+// setuid fusermount3 (or fusermount): what a process without
+// CAP_SYS_ADMIN must do. It takes a path, and its own checks make it
+// only the calling user's mount.
+func FusermountDetach(mp string) error {
+	for _, bin := range []string{"fusermount3", "fusermount"} {
+		if p, err := exec.LookPath(bin); err == nil {
+			if out, err := exec.Command(p, "-u", "-z", mp).CombinedOutput(); err != nil {
+				return fmt.Errorf("%s -uz %s: %v: %s", bin, mp, err, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("unmount %s: no fusermount3 to do it without CAP_SYS_ADMIN", mp)
 }
 
 // Close lets go of the mountpoint (the mount stays mounted).
