@@ -19,6 +19,7 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // entryNames are file names real trees hold that need care as S3 keys, in
@@ -276,7 +277,7 @@ func FuzzS3Names(f *testing.F) {
 			must(t, os.WriteFile(filepath.Join(src, p), []byte(p), 0o644))
 		}
 		must(t, os.WriteFile(filepath.Join(src, "other"), []byte("1"), 0o644))
-		_, err = ws.Save(ctx, src, revision.Selection{NoGitignore: true}, "")
+		_, err = ws.Save(ctx, src, format.Selection{NoGitignore: true}, "")
 		if !utf8.ValidString(name) {
 			if !amlerr.Has(err, amlerr.UnsupportedEntry) || ws.Index() != nil {
 				t.Fatalf("save of %q: %v, index %v", name, err, ws.Index())
@@ -287,7 +288,7 @@ func FuzzS3Names(f *testing.F) {
 			t.Fatalf("save of %q: %v", name, err)
 		}
 		must(t, os.WriteFile(filepath.Join(src, "other"), []byte("2"), 0o644))
-		res, err := ws.Save(ctx, src, revision.Selection{NoGitignore: true}, "")
+		res, err := ws.Save(ctx, src, format.Selection{NoGitignore: true}, "")
 		if err != nil {
 			t.Fatalf("incremental save of %q: %v", name, err)
 		}
@@ -295,7 +296,7 @@ func FuzzS3Names(f *testing.F) {
 			t.Errorf("incremental save of %q reused %d objects", name, res.Reused)
 		}
 		dst := filepath.Join(t.TempDir(), "r")
-		if _, err := ws.Restore(ctx, "current", dst, revision.Selection{NoGitignore: true}); err != nil {
+		if _, err := ws.Restore(ctx, "current", dst, format.Selection{NoGitignore: true}); err != nil {
 			t.Fatalf("restore of %q: %v", name, err)
 		}
 		for _, p := range []string{name, "d/" + name} {

@@ -16,16 +16,16 @@ import (
 	"time"
 
 	"github.com/amlfs/amlfs/mount"
-	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
 )
 
-func readIndex(t *testing.T, e *env, id string) *revision.Index {
+func readIndex(t *testing.T, e *env, id string) *format.Index {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(e.storeD, id, "workspace.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, err := revision.ParseIndex(data)
+	idx, err := format.ParseIndex(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,8 +338,8 @@ func testBadStoreInput(t *testing.T, newEnv func(*testing.T) *env) {
 		return buf.Bytes()
 	}
 	const ts = "2026-12-02T18:00:00.000Z"
-	idxFor := func(id, format string) string {
-		return fmt.Sprintf(`{"current":"%s","revisions":[{"createdAt":"%s","format":"%s","id":"%s","path":"%s"}],"version":1}`, id, ts, format, id, revision.RevisionPath(id, format))
+	idxFor := func(id, kind string) string {
+		return fmt.Sprintf(`{"current":"%s","revisions":[{"createdAt":"%s","kind":"%s","id":"%s","path":"%s"}],"version":1}`, id, ts, kind, id, format.RevisionPath(id, kind))
 	}
 	cases := []struct {
 		name  string

@@ -9,12 +9,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // checkAMLStore verifies a workspace root against AML's published format
 // and returns its index.
-func checkAMLStore(t *testing.T, root string) *revision.Index {
+func checkAMLStore(t *testing.T, root string) *format.Index {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, "workspace.json"))
 	if err != nil {
@@ -23,30 +23,30 @@ func checkAMLStore(t *testing.T, root string) *revision.Index {
 	if !regexp.MustCompile(`^\{"current":"[^"]+","revisions":\[(\{"createdAt":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z","format":"(folder|archive)","id":"[^"]+","path":"revisions/[^"]+"\},?)+\],"version":1\}$`).Match(data) {
 		t.Errorf("workspace.json is not in AML's layout: %s", data)
 	}
-	idx, err := revision.ParseIndex(data)
+	idx, err := format.ParseIndex(data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range idx.Revisions {
-		if e.Format != revision.FormatFolder {
+		if e.Format != format.FormatFolder {
 			continue
 		}
 		mdata, err := os.ReadFile(filepath.Join(root, e.Path, "manifest.json"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := revision.ParseManifest(e.Path, mdata, revision.DefaultLimits)
+		m, err := format.ParseManifest(e.Path, mdata, format.DefaultLimits)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sorted := append([]revision.TreeEntry(nil), m.Entries...)
-		revision.SortEntries(sorted)
+		sorted := append([]format.TreeEntry(nil), m.Entries...)
+		format.SortEntries(sorted)
 		if !reflect.DeepEqual(sorted, m.Entries) {
 			t.Errorf("manifest of %s is not ordered by depth, then name", e.ID)
 		}
 		files := 0
 		for _, te := range m.Entries {
-			if te.Type != revision.TypeFile {
+			if te.Type != format.TypeFile {
 				continue
 			}
 			files++

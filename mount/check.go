@@ -15,7 +15,8 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/mount/mountpoint"
-	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,8 +29,8 @@ type CheckItem struct {
 
 // CheckReport is the preflight's result.
 type CheckReport struct {
-	Items []CheckItem     `json:"items"`
-	Store *revision.Probe `json:"store,omitempty"`
+	Items []CheckItem  `json:"items"`
+	Store *store.Probe `json:"store,omitempty"`
 }
 
 // Failed reports whether any item failed.
@@ -75,20 +76,20 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 	if id == "" {
 		id = "amlfs-check"
 	}
-	store, err := OpenStore(ctx, cfg.Store, cfg.S3, id)
+	st, err := OpenStore(ctx, cfg.Store, cfg.S3, id)
 	if err != nil {
 		r.add("store", "fail", "%v", err)
 		return r, err
 	}
-	p := store.(revision.Prober).Probe(ctx)
+	p := st.Probe(ctx)
 	r.Store = &p
 	switch {
 	case !p.Reachable:
-		r.add("store", "fail", "%s is not reachable: %s", store, p.Error)
+		r.add("store", "fail", "%s is not reachable: %s", st, p.Error)
 	case !p.Writable:
-		r.add("store", "fail", "%s is reachable but not writable: %s", store, p.Error)
+		r.add("store", "fail", "%s is reachable but not writable: %s", st, p.Error)
 	default:
-		r.add("store", "ok", "%s is reachable and writable", store)
+		r.add("store", "ok", "%s is reachable and writable", st)
 		if p.IfNoneMatch && p.IfMatch {
 			r.add("conditional writes", "ok", "If-None-Match: * and If-Match are honoured")
 		} else if cfg.UnsafeNoConditionalWrites {
@@ -98,7 +99,7 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 		}
 	}
 	if cfg.ID != "" {
-		checkIndex(ctx, &r, store)
+		checkIndex(ctx, &r, st)
 	}
 	checkFUSE(&r, cfg.fuseOptions)
 	checkServe(&r, cfg)
@@ -108,7 +109,7 @@ func Check(ctx context.Context, cfg Config) (CheckReport, error) {
 	if r.Failed() {
 		for _, it := range r.Items {
 			if it.Status == "fail" && it.What == "conditional writes" {
-				return r, amlerr.New(amlerr.UnsafeStore, store.String(), "%s", it.Detail)
+				return r, amlerr.New(amlerr.UnsafeStore, st.String(), "%s", it.Detail)
 			}
 		}
 		return r, errors.New("preflight found problems")
@@ -259,15 +260,15 @@ func userAllowOther() bool {
 }
 
 // checkIndex reports whether the workspace's index loads.
-func checkIndex(ctx context.Context, r *CheckReport, store revision.Store) {
-	data, _, err := store.ReadIndex(ctx)
+func checkIndex(ctx context.Context, r *CheckReport, st store.Store) {
+	data, _, err := st.ReadIndex(ctx)
 	switch {
-	case errors.Is(err, revision.ErrNotExist):
+	case errors.Is(err, store.ErrNotExist):
 		r.add("workspace", "ok", "no index yet: a new workspace")
 	case err != nil:
 		r.add("workspace", "fail", "read index: %v", err)
 	default:
-		idx, err := revision.ParseIndex(data)
+		idx, err := format.ParseIndex(data)
 		if err != nil {
 			r.add("workspace", "fail", "%v", err)
 			return

@@ -20,7 +20,10 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
-	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+	"github.com/amlfs/amlfs/revision/store/dirstore"
+	"github.com/amlfs/amlfs/revision/store/s3store"
 	"github.com/amlfs/amlfs/s3client"
 )
 
@@ -113,7 +116,7 @@ type Config struct {
 	// Limits bound a revision, on save and on load; MaxEntries and the
 	// size texts ("1GiB") are the flags, parsed into it by Normalize (zero
 	// or empty: AML's defaults).
-	Limits              revision.Limits
+	Limits              format.Limits
 	MaxEntries          int
 	MaxBytesText        string
 	MaxArchiveBytesText string
@@ -121,8 +124,8 @@ type Config struct {
 
 // ParseLimits reads --max-entries, --max-bytes and --max-archive-bytes; a
 // zero or empty value is AML's default.
-func ParseLimits(entries int, bytes, archive string) (revision.Limits, error) {
-	lim := revision.DefaultLimits
+func ParseLimits(entries int, bytes, archive string) (format.Limits, error) {
+	lim := format.DefaultLimits
 	if entries < 0 {
 		return lim, invalid(fmt.Sprint(entries), "--max-entries must be positive")
 	}
@@ -192,7 +195,7 @@ func (c *Config) Normalize() error {
 		c.Store = DefaultStore()
 	}
 	if c.ID != "" || c.IDGiven {
-		if err := revision.ValidateID(c.ID); err != nil {
+		if err := format.ValidateID(c.ID); err != nil {
 			return err
 		}
 	}
@@ -201,14 +204,14 @@ func (c *Config) Normalize() error {
 	}
 	if c.From != "" {
 		id, rev, _ := strings.Cut(c.From, "@")
-		if err := revision.ValidateID(id); err != nil {
+		if err := format.ValidateID(id); err != nil {
 			return invalid(c.From, "--from: %v", err)
 		}
 		if id == c.ID {
 			return invalid(c.From, "--from names the workspace itself; a fork needs a new --id")
 		}
 		if rev != "" && rev != "current" {
-			if err := revision.ValidateRevisionID(rev); err != nil {
+			if err := format.ValidateRevisionID(rev); err != nil {
 				return invalid(c.From, "--from: %v", err)
 			}
 		}
@@ -217,14 +220,14 @@ func (c *Config) Normalize() error {
 		}
 	}
 	if c.Load != "current" && c.Load != "none" {
-		if err := revision.ValidateRevisionID(c.Load); err != nil {
+		if err := format.ValidateRevisionID(c.Load); err != nil {
 			return invalid(c.Load, "--load: %v", err)
 		}
 	}
 	if c.Format == "" {
-		c.Format = revision.FormatFolder
+		c.Format = format.FormatFolder
 	}
-	if c.Format != revision.FormatFolder && c.Format != revision.FormatArchive {
+	if c.Format != format.FormatFolder && c.Format != format.FormatArchive {
 		return invalid(c.Format, "--format must be folder or archive")
 	}
 	if c.Save == "" {
@@ -319,8 +322,8 @@ func (c *Config) Normalize() error {
 }
 
 // Selection is the save/restore selection of the config.
-func (c *Config) Selection() revision.Selection {
-	sel := revision.Selection{Include: c.Include, Exclude: c.Exclude, NoGitignore: c.NoGitignore}
+func (c *Config) Selection() format.Selection {
+	sel := format.Selection{Include: c.Include, Exclude: c.Exclude, NoGitignore: c.NoGitignore}
 	// Live mounts hide the workspace paths beneath them: never saved.
 	for _, m := range c.Live {
 		sel.Hidden = append(sel.Hidden, m.Rel())
@@ -337,26 +340,26 @@ type StoreSpec struct {
 }
 
 // ParseStore parses file:///dir or s3://bucket[/prefix].
-func ParseStore(store string) (StoreSpec, error) {
-	u, err := url.Parse(store)
+func ParseStore(storeURL string) (StoreSpec, error) {
+	u, err := url.Parse(storeURL)
 	if err != nil {
-		return StoreSpec{}, invalid(store, "bad store URL: %v", err)
+		return StoreSpec{}, invalid(storeURL, "bad store URL: %v", err)
 	}
 	switch u.Scheme {
 	case "file":
-		dir, err := fileURLDir(u, store, "store")
+		dir, err := fileURLDir(u, storeURL, "store")
 		if err != nil {
 			return StoreSpec{}, err
 		}
 		return StoreSpec{Kind: "file", Dir: dir}, nil
 	case "s3":
-		su, err := s3client.ParseURL(store, revision.DefaultS3Prefix)
+		su, err := s3client.ParseURL(storeURL, s3store.DefaultPrefix)
 		if err != nil {
-			return StoreSpec{}, invalid(store, "%v", err)
+			return StoreSpec{}, invalid(storeURL, "%v", err)
 		}
 		return StoreSpec{Kind: "s3", Bucket: su.Bucket, Prefix: su.Prefix}, nil
 	}
-	return StoreSpec{}, invalid(store, "unsupported store scheme %q (use file:///dir or s3://bucket/prefix)", u.Scheme)
+	return StoreSpec{}, invalid(storeURL, "unsupported store scheme %q (use file:///dir or s3://bucket/prefix)", u.Scheme)
 }
 
 // fileURLDir returns the local directory of a file:// URL: file:///abs/dir
@@ -376,8 +379,8 @@ func fileURLDir(u *url.URL, subject, what string) (string, error) {
 type S3Options = s3client.Options
 
 // OpenStore returns the store for workspace id.
-func OpenStore(ctx context.Context, store string, s3o S3Options, id string) (revision.Store, error) {
-	spec, err := ParseStore(store)
+func OpenStore(ctx context.Context, storeURL string, s3o S3Options, id string) (store.Store, error) {
+	spec, err := ParseStore(storeURL)
 	if err != nil {
 		return nil, err
 	}
@@ -386,13 +389,13 @@ func OpenStore(ctx context.Context, store string, s3o S3Options, id string) (rev
 		if err != nil {
 			return nil, err
 		}
-		st, err := revision.NewS3Store(client, spec.Bucket, spec.Prefix, id)
+		st, err := s3store.New(client, spec.Bucket, spec.Prefix, id)
 		if err != nil {
 			return nil, invalid(id, "--id: %v", err)
 		}
 		return st, nil
 	}
-	st, err := revision.NewFSStore(spec.Dir, id)
+	st, err := dirstore.New(spec.Dir, id)
 	if err != nil {
 		return nil, invalid(id, "--id: %v", err)
 	}

@@ -28,6 +28,8 @@ import (
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 	"github.com/amlfs/amlfs/s3client"
 	"github.com/amlfs/amlfs/tools"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -184,11 +186,11 @@ type Status struct {
 	BaseRevision    string `json:"baseRevision"`
 	// ForkOf, for a fork not saved yet, names the workspace BaseRevision
 	// belongs to.
-	ForkOf      *revision.ForkOrigin `json:"forkOf,omitempty"`
-	Dirty       bool                 `json:"dirty"`
-	Changes     int64                `json:"changes"`
-	Lock        string               `json:"lock"`
-	Passthrough bool                 `json:"passthrough"`
+	ForkOf      *format.ForkOrigin `json:"forkOf,omitempty"`
+	Dirty       bool               `json:"dirty"`
+	Changes     int64              `json:"changes"`
+	Lock        string             `json:"lock"`
+	Passthrough bool               `json:"passthrough"`
 	// Serve is how the workspace is served ("native" or "fuse"), and
 	// ServeWhy why.
 	Serve        string `json:"serve"`
@@ -258,7 +260,7 @@ type workState struct {
 	Publishing string `json:"publishing,omitempty"`
 	// Fork names what a fork not saved yet was forked from: its first
 	// save records it.
-	Fork *revision.ForkOrigin `json:"fork,omitempty"`
+	Fork *format.ForkOrigin `json:"fork,omitempty"`
 	// Serve is how the tree was served ("" before it was kept: fuse).
 	Serve string `json:"serve,omitempty"`
 	PID   int    `json:"pid"`
@@ -352,11 +354,11 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := d.chooseServe(); err != nil {
 		return err
 	}
-	store, err := OpenStore(ctx, cfg.Store, cfg.S3, cfg.ID)
+	st, err := OpenStore(ctx, cfg.Store, cfg.S3, cfg.ID)
 	if err != nil {
 		return err
 	}
-	if err := CheckConditionalWrites(ctx, store, cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
+	if err := CheckConditionalWrites(ctx, st, cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
 		return err
 	}
 	wlog := d.log.With("provider", "workspace")
@@ -368,14 +370,14 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	// The slot first: holding it, this daemon can tell whether the holder
 	// of a lease that is not stale yet is a crashed mount of this host.
-	slots := slotsDir(cfg.CacheDir, store, cfg.ID)
+	slots := slotsDir(cfg.CacheDir, st, cfg.ID)
 	slot, err := claimSlot(slots)
 	if err != nil {
 		return err
 	}
 	d.slot = slot
 	d.setPhase("locking")
-	ws, err := revision.Open(ctx, store, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
+	ws, err := revision.Open(ctx, st, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
 		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog,
 		Watch: d.saveWatch(), FetchTimeout: cfg.FetchTimeout})
@@ -420,7 +422,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.phase = "serving"
 	d.mu.Unlock()
-	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", store.String(), "revision", d.baseRev, "serve", d.serve, "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
+	d.log.Info("mounted", "mountpoint", cfg.Mountpoint, "id", cfg.ID, "store", st.String(), "revision", d.baseRev, "serve", d.serve, "passthrough", fsys.Passthrough(), "access", cfg.Access.String())
 	return nil
 }
 
@@ -600,23 +602,19 @@ func (d *Daemon) writeState() error {
 // CheckConditionalWrites refuses a store that ignores If-None-Match or
 // If-Match: locking or publishing there could silently overwrite another
 // writer. unsafe turns the refusal into a warning.
-func CheckConditionalWrites(ctx context.Context, store revision.Store, unsafe bool, notify func(string, ...any)) error {
-	pr, ok := store.(revision.Prober)
-	if !ok {
-		return nil
-	}
-	p := pr.Probe(ctx)
+func CheckConditionalWrites(ctx context.Context, st store.Store, unsafe bool, notify func(string, ...any)) error {
+	p := st.Probe(ctx)
 	if !p.Reachable || !p.Writable {
-		return amlerr.New(amlerr.InvalidStore, store.String(), "store is not reachable or not writable: %s", p.Error)
+		return amlerr.New(amlerr.InvalidStore, st.String(), "store is not reachable or not writable: %s", p.Error)
 	}
 	if p.Safe() {
 		return nil
 	}
 	if unsafe {
-		notify("UNSAFE: %s does not honour conditional writes (%s); publishing anyway because of --unsafe-no-conditional-writes", store, p.Error)
+		notify("UNSAFE: %s does not honour conditional writes (%s); publishing anyway because of --unsafe-no-conditional-writes", st, p.Error)
 		return nil
 	}
-	return amlerr.New(amlerr.UnsafeStore, store.String(), "the store does not honour conditional writes (%s), so a lock or publication there could silently overwrite another writer; use a store that does, or pass --unsafe-no-conditional-writes", p.Error)
+	return amlerr.New(amlerr.UnsafeStore, st.String(), "the store does not honour conditional writes (%s), so a lock or publication there could silently overwrite another writer; use a store that does, or pass --unsafe-no-conditional-writes", p.Error)
 }
 
 // notify tells the user and logs.

@@ -13,7 +13,8 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/atomicfile"
-	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 )
 
 // A slot holds its working tree in workDirName, and stateFile while that
@@ -149,20 +150,20 @@ func validSlot(s string) bool {
 }
 
 // DeadHolder is deadHolder for a process that holds no slot (destroy).
-func DeadHolder(cacheDir string, store revision.Store, id string) func(string) bool {
-	return deadHolder(slotsDir(cacheDir, store, id), nil, nil)
+func DeadHolder(cacheDir string, st store.Store, id string) func(string) bool {
+	return deadHolder(slotsDir(cacheDir, st, id), nil, nil)
 }
 
 // slotsDir is where a workspace's working-directory slots live: named
 // after the id, or, for an id too long for a file name (AML takes ids of
 // any length), after its hash; the state file keeps the id itself.
-func slotsDir(cacheDir string, store revision.Store, id string) string {
-	seg, _ := revision.Seg(id)
+func slotsDir(cacheDir string, st store.Store, id string) string {
+	seg, _ := format.Seg(id)
 	if len(seg) > maxSegName {
 		sum := sha256.Sum256([]byte(id))
 		seg = "id-" + hex.EncodeToString(sum[:16])
 	}
-	return filepath.Join(cacheDir, "workspaces", seg+"@"+mountKey(store.String()))
+	return filepath.Join(cacheDir, "workspaces", seg+"@"+mountKey(st.String()))
 }
 
 // maxSegName is the longest id segment a slots directory is named after:
@@ -172,8 +173,8 @@ const maxSegName = 200
 // PurgeCache removes a workspace's working trees and recovery state under
 // cacheDir. It refuses, with AML_WORKSPACE_CONFLICT, while a mount on this
 // host holds one of the slots.
-func PurgeCache(cacheDir string, store revision.Store, id string) error {
-	base := slotsDir(cacheDir, store, id)
+func PurgeCache(cacheDir string, st store.Store, id string) error {
+	base := slotsDir(cacheDir, st, id)
 	ents, err := os.ReadDir(base)
 	if os.IsNotExist(err) {
 		return nil

@@ -1,15 +1,14 @@
 package revision
 
 import (
-	"archive/tar"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // Change is one path that differs between two revisions.
@@ -37,7 +36,7 @@ type sameObjecter interface {
 // AML's manifests hold no content hash, so files of equal size are
 // compared by content: objects a store knows to be the same are not read,
 // and the rest are hashed.
-func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
+func (w *Workspace) Diff(ctx context.Context, a, b format.Entry) ([]Change, error) {
 	ta, err := w.Tree(ctx, a)
 	if err != nil {
 		return nil, err
@@ -46,12 +45,12 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 	if err != nil {
 		return nil, err
 	}
-	old := make(map[string]TreeEntry, len(ta))
+	old := make(map[string]format.TreeEntry, len(ta))
 	for _, e := range ta {
 		old[e.Path] = e
 	}
 	var out []Change
-	var same []TreeEntry // files of equal size and mode, to compare by content
+	var same []format.TreeEntry // files of equal size and mode, to compare by content
 	for _, nb := range tb {
 		na, ok := old[nb.Path]
 		delete(old, nb.Path)
@@ -61,7 +60,7 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 			c.Kind = "added"
 		case na.Type != nb.Type || na.Mode != nb.Mode || na.Size != nb.Size || na.Target != nb.Target:
 			c.Kind = "changed"
-		case nb.Type == TypeFile:
+		case nb.Type == format.TypeFile:
 			same = append(same, nb)
 			continue
 		default:
@@ -90,22 +89,22 @@ func (w *Workspace) Diff(ctx context.Context, a, b Entry) ([]Change, error) {
 
 // differing returns the files, among those present in both revisions with
 // equal sizes, whose bytes differ.
-func (w *Workspace) differing(ctx context.Context, a, b Entry, files []TreeEntry) ([]TreeEntry, error) {
+func (w *Workspace) differing(ctx context.Context, a, b format.Entry, files []format.TreeEntry) ([]format.TreeEntry, error) {
 	var ha, hb map[string]string
 	var err error
-	if a.Format == FormatArchive {
+	if a.Format == format.FormatArchive {
 		if ha, err = w.archiveDigests(ctx, a); err != nil {
 			return nil, err
 		}
 	}
-	if b.Format == FormatArchive {
+	if b.Format == format.FormatArchive {
 		if hb, err = w.archiveDigests(ctx, b); err != nil {
 			return nil, err
 		}
 	}
 	// digest is a file's hash in revision e: from its archive's hashes,
 	// or by reading its object.
-	digest := func(e Entry, hashes map[string]string, p string) (string, error) {
+	digest := func(e format.Entry, hashes map[string]string, p string) (string, error) {
 		if hashes == nil {
 			return w.objectDigest(ctx, e.Path+"files/"+p)
 		}
@@ -116,7 +115,7 @@ func (w *Workspace) differing(ctx context.Context, a, b Entry, files []TreeEntry
 		return d, nil
 	}
 	so, _ := w.store.(sameObjecter)
-	var out []TreeEntry
+	var out []format.TreeEntry
 	for _, f := range files {
 		if ha == nil && hb == nil && so != nil && so.SameObject(ctx, a.Path+"files/"+f.Path, b.Path+"files/"+f.Path) {
 			continue
@@ -151,38 +150,23 @@ func (w *Workspace) objectDigest(ctx context.Context, key string) (string, error
 
 // archiveDigests hashes every regular file of an archive revision, which
 // Tree has validated.
-func (w *Workspace) archiveDigests(ctx context.Context, e Entry) (map[string]string, error) {
+func (w *Workspace) archiveDigests(ctx context.Context, e format.Entry) (map[string]string, error) {
 	r, err := w.openArtifact(ctx, e.Path)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	gz, err := gzip.NewReader(r)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", e.Path, err)
-	}
-	defer gz.Close()
-	tr := tar.NewReader(gz)
 	out := map[string]string{}
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", e.Path, err)
-		}
-		if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
-			continue
-		}
-		p, err := archiveName(hdr.Name)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", e.Path, err)
+	_, err = format.ReadArchive(r, e.Path, w.opts.Limits, func(te format.TreeEntry, content io.Reader) error {
+		if te.Type != format.TypeFile {
+			return nil
 		}
 		h := sha256.New()
-		if _, err := io.Copy(h, tr); err != nil {
-			return nil, fmt.Errorf("%s: %w", e.Path, err)
+		if _, err := io.Copy(h, content); err != nil {
+			return fmt.Errorf("%s: %w", e.Path, err)
 		}
-		out[p] = hex.EncodeToString(h.Sum(nil))
-	}
+		out[te.Path] = hex.EncodeToString(h.Sum(nil))
+		return nil
+	})
+	return out, err
 }

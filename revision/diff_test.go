@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // TestDiff saves two revisions of a known tree, in each format, and checks
@@ -14,16 +16,16 @@ import (
 // at the same size, by mode, and by type; unchanged files (reused on
 // save, or not) are not listed.
 func TestDiff(t *testing.T) {
-	for _, format := range []string{FormatFolder, FormatArchive} {
-		t.Run(format, func(t *testing.T) {
+	for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
+		t.Run(kind, func(t *testing.T) {
 			ctx := context.Background()
 			base, src := t.TempDir(), t.TempDir()
-			w := openWS(t, base, "d", Options{Format: format, Retention: 2})
+			w := openWS(t, base, "d", Options{Format: kind, Retention: 2})
 			writeTree(t, src, map[string]string{
 				"same.txt": "unchanged", "grow.txt": "short", "swap.txt": "aaaa", "mode.sh": "#!/bin/sh",
 				"gone.txt": "bye", "dir/x": "x", "becomes/y": "y",
 			})
-			r1, err := w.Save(ctx, src, Selection{}, "r1")
+			r1, err := w.Save(ctx, src, format.Selection{}, "r1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -34,7 +36,7 @@ func TestDiff(t *testing.T) {
 			os.WriteFile(filepath.Join(src, "new.txt"), []byte("hello"), 0o644)
 			os.RemoveAll(filepath.Join(src, "becomes"))
 			os.WriteFile(filepath.Join(src, "becomes"), []byte("now a file"), 0o644)
-			r2, err := w.Save(ctx, src, Selection{}, "r2")
+			r2, err := w.Save(ctx, src, format.Selection{}, "r2")
 			if err != nil {
 				t.Fatal(err)
 			}

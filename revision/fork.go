@@ -3,6 +3,9 @@ package revision
 import (
 	"context"
 
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+
 	"github.com/amlfs/amlfs/amlerr"
 )
 
@@ -18,36 +21,36 @@ import (
 // RestoreFork restores revision rev ("" or "current" for the current one)
 // of workspace from, on the same store, at dir, as the beginning of w,
 // which must have no revisions yet.
-func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel Selection) (Entry, error) {
-	fam, ok := w.store.(Family)
+func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel format.Selection) (format.Entry, error) {
+	fam, ok := w.store.(store.Family)
 	if !ok {
-		return Entry{}, amlerr.New(amlerr.InvalidConfig, w.store.String(), "this store cannot fork")
+		return format.Entry{}, amlerr.New(amlerr.InvalidConfig, w.store.String(), "this store cannot fork")
 	}
 	if from == w.opts.ID {
-		return Entry{}, amlerr.New(amlerr.InvalidConfig, from, "--from names the workspace itself")
+		return format.Entry{}, amlerr.New(amlerr.InvalidConfig, from, "--from names the workspace itself")
 	}
 	if w.Index() != nil {
-		return Entry{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "workspace %q already has revisions in %s; --from seeds a new workspace (choose a new --id, or mount without --from)", w.opts.ID, w.store)
+		return format.Entry{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "workspace %q already has revisions in %s; --from seeds a new workspace (choose a new --id, or mount without --from)", w.opts.ID, w.store)
 	}
 	ss, err := fam.Sibling(from) // refuses an id AML refuses
 	if err != nil {
-		return Entry{}, amlerr.Wrap(amlerr.InvalidConfig, from, err)
+		return format.Entry{}, amlerr.Wrap(amlerr.InvalidConfig, from, err)
 	}
 	idx, _, err := readIndex(ctx, ss)
 	if err != nil {
-		return Entry{}, err
+		return format.Entry{}, err
 	}
 	if idx == nil {
-		return Entry{}, amlerr.New(amlerr.InvalidConfig, from, "workspace %q has no revisions in %s to fork from", from, ss)
+		return format.Entry{}, amlerr.New(amlerr.InvalidConfig, from, "workspace %q has no revisions in %s to fork from", from, ss)
 	}
 	e, ok := idx.Resolve(rev)
 	if !ok {
-		return Entry{}, amlerr.New(amlerr.InvalidConfig, rev, "no such revision of %q in %s", from, ss)
+		return format.Entry{}, amlerr.New(amlerr.InvalidConfig, rev, "no such revision of %q in %s", from, ss)
 	}
-	origin := &ForkOrigin{ID: from, Revision: e.ID}
-	e.Path = ss.(Family).Foreign(e.Path)
+	origin := &format.ForkOrigin{ID: from, Revision: e.ID}
+	e.Path = ss.(store.Family).Foreign(e.Path)
 	if _, err := w.restore(ctx, e, dir, sel); err != nil {
-		return Entry{}, err
+		return format.Entry{}, err
 	}
 	w.SetFork(origin)
 	return e, nil
@@ -55,7 +58,7 @@ func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel 
 
 // SetFork says that the tree is a fork of origin not saved yet (a fork
 // resumed after a crash): its first save records it.
-func (w *Workspace) SetFork(origin *ForkOrigin) {
+func (w *Workspace) SetFork(origin *format.ForkOrigin) {
 	w.lmu.Lock()
 	defer w.lmu.Unlock()
 	w.fork = origin
@@ -63,7 +66,7 @@ func (w *Workspace) SetFork(origin *ForkOrigin) {
 
 // Fork returns the origin of a fork whose first save is still to come, or
 // nil.
-func (w *Workspace) Fork() *ForkOrigin {
+func (w *Workspace) Fork() *format.ForkOrigin {
 	w.lmu.Lock()
 	defer w.lmu.Unlock()
 	return w.fork
@@ -74,8 +77,8 @@ func (w *Workspace) Fork() *ForkOrigin {
 // lease, and leaves w as it was: its base, lease and index do not change.
 // Files unchanged since w's base revision are copied from it server-side
 // (or hard-linked). base names that revision, for the fork's record.
-func (w *Workspace) SaveFork(ctx context.Context, dir string, sel Selection, newID, revID, base string) (SaveResult, error) {
-	fam, ok := w.store.(Family)
+func (w *Workspace) SaveFork(ctx context.Context, dir string, sel format.Selection, newID, revID, base string) (SaveResult, error) {
+	fam, ok := w.store.(store.Family)
 	if !ok {
 		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, w.store.String(), "this store cannot fork")
 	}
@@ -100,7 +103,7 @@ func (w *Workspace) SaveFork(ctx context.Context, dir string, sel Selection, new
 	if nw.Index() != nil {
 		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, newID, "workspace %q already exists in %s; --fork makes a new workspace", newID, ns)
 	}
-	origin := &ForkOrigin{ID: w.opts.ID, Revision: base}
+	origin := &format.ForkOrigin{ID: w.opts.ID, Revision: base}
 	if f := w.Fork(); f != nil {
 		origin = f // w is a fork not saved yet: the origin is its source's
 	}

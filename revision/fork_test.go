@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 func inodeOf(t *testing.T, p string) uint64 {
@@ -20,14 +22,14 @@ func inodeOf(t *testing.T, p string) uint64 {
 	return st.Ino
 }
 
-func readManifest(t *testing.T, base, id string, e Entry) *Manifest {
+func readManifest(t *testing.T, base, id string, e format.Entry) *format.Manifest {
 	t.Helper()
-	seg, _ := Seg(id)
+	seg, _ := format.Seg(id)
 	data, err := os.ReadFile(filepath.Join(base, seg, filepath.FromSlash(e.Path), "manifest.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := ParseManifest("m", data, DefaultLimits)
+	m, err := format.ParseManifest("m", data, format.DefaultLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,13 +51,13 @@ func TestFork(t *testing.T) {
 			}
 			writeTree(t, src, files)
 			a := openWS(t, base, "base", Options{Retention: 1, LazyRestore: lazy})
-			first, err := a.Save(ctx, src, Selection{}, "")
+			first, err := a.Save(ctx, src, format.Selection{}, "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			b := openWS(t, base, "fork one", Options{Retention: 1, LazyRestore: lazy})
 			dir := filepath.Join(t.TempDir(), "w")
-			if _, err := b.RestoreFork(ctx, "base", "", dir, Selection{}); err != nil {
+			if _, err := b.RestoreFork(ctx, "base", "", dir, format.Selection{}); err != nil {
 				t.Fatal(err)
 			}
 			if err := b.populateAll(ctx); err != nil { // what FUSE would ask for
@@ -71,7 +73,7 @@ func TestFork(t *testing.T) {
 				t.Fatal(err)
 			}
 			os.WriteFile(filepath.Join(dir, "d0/f0.txt"), []byte("changed"), 0o644)
-			res, err := b.Save(ctx, dir, Selection{}, "")
+			res, err := b.Save(ctx, dir, format.Selection{}, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,11 +81,11 @@ func TestFork(t *testing.T) {
 				t.Errorf("fork's first save: uploaded %d, reused %d", res.Uploaded, res.Reused)
 			}
 			m := readManifest(t, base, "fork one", res.Entry)
-			if m.Ext == nil || m.Ext.Fork == nil || *m.Ext.Fork != (ForkOrigin{ID: "base", Revision: first.Entry.ID}) {
+			if m.Ext == nil || m.Ext.Fork == nil || *m.Ext.Fork != (format.ForkOrigin{ID: "base", Revision: first.Entry.ID}) {
 				t.Errorf("fork record: %+v", m.Ext)
 			}
-			aSeg, _ := Seg("base")
-			bSeg, _ := Seg("fork one")
+			aSeg, _ := format.Seg("base")
+			bSeg, _ := format.Seg("fork one")
 			if inodeOf(t, filepath.Join(base, aSeg, "revisions", first.Entry.ID, "files/d2/f6.txt")) != inodeOf(t, filepath.Join(base, bSeg, "revisions", res.Entry.ID, "files/d2/f6.txt")) {
 				t.Errorf("an unchanged file was not hard-linked from the source")
 			}
@@ -94,14 +96,14 @@ func TestFork(t *testing.T) {
 			// fork keeps its own copies, and a second save records no
 			// fork.
 			writeTree(t, src, map[string]string{"new.txt": "n"})
-			if _, err := a.Save(ctx, src, Selection{}, ""); err != nil {
+			if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(filepath.Join(base, aSeg, "revisions", first.Entry.ID)); !os.IsNotExist(err) {
 				t.Fatalf("the source did not prune: %v", err)
 			}
 			again := filepath.Join(t.TempDir(), "w")
-			if _, err := b.Restore(ctx, "current", again, Selection{}); err != nil {
+			if _, err := b.Restore(ctx, "current", again, format.Selection{}); err != nil {
 				t.Fatal(err)
 			}
 			if err := b.populateAll(ctx); err != nil {
@@ -121,7 +123,7 @@ func TestFork(t *testing.T) {
 				}
 			}
 			os.WriteFile(filepath.Join(again, "x"), []byte("x"), 0o644)
-			res2, err := b.Save(ctx, again, Selection{}, "")
+			res2, err := b.Save(ctx, again, format.Selection{}, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +139,7 @@ func TestForkRefusals(t *testing.T) {
 	base, src := t.TempDir(), t.TempDir()
 	writeTree(t, src, map[string]string{"a": "a"})
 	a := openWS(t, base, "a", Options{})
-	if _, err := a.Save(ctx, src, Selection{}, ""); err != nil {
+	if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ id, from, rev string }{
@@ -148,16 +150,16 @@ func TestForkRefusals(t *testing.T) {
 		{"a2", "a", "current"}, // fine: checked below
 	} {
 		w := openWS(t, base, tc.id, Options{})
-		_, err := w.RestoreFork(ctx, tc.from, tc.rev, filepath.Join(t.TempDir(), "w"), Selection{})
+		_, err := w.RestoreFork(ctx, tc.from, tc.rev, filepath.Join(t.TempDir(), "w"), format.Selection{})
 		if (err == nil) != (tc.id == "a2") {
 			t.Errorf("fork %q from %q@%q: %v", tc.id, tc.from, tc.rev, err)
 		}
 	}
 	// commit --fork: to a new id only, and the mounted one stays.
-	if _, err := a.SaveFork(ctx, src, Selection{}, "a", "", ""); err == nil {
+	if _, err := a.SaveFork(ctx, src, format.Selection{}, "a", "", ""); err == nil {
 		t.Error("--fork to the workspace itself was taken")
 	}
-	res, err := a.SaveFork(ctx, src, Selection{}, "c", "", a.Index().Current)
+	res, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", a.Index().Current)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +169,7 @@ func TestForkRefusals(t *testing.T) {
 	if m := readManifest(t, base, "c", res.Entry); m.Ext == nil || m.Ext.Fork == nil || m.Ext.Fork.ID != "a" || m.Ext.Fork.Revision != a.Index().Current {
 		t.Errorf("commit --fork record: %+v", m.Ext)
 	}
-	if _, err := a.SaveFork(ctx, src, Selection{}, "c", "", ""); err == nil {
+	if _, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", ""); err == nil {
 		t.Error("--fork to an existing workspace was taken")
 	}
 	// The fork's lease was released: it can be opened.
@@ -178,33 +180,5 @@ func TestForkRefusals(t *testing.T) {
 	data, _ := json.Marshal(a.Index())
 	if !strings.Contains(string(data), a.Index().Current) || len(a.Index().Revisions) != 1 {
 		t.Errorf("the mounted workspace changed: %s", data)
-	}
-}
-
-func TestForeignKeys(t *testing.T) {
-	for key, ok := range map[string]bool{
-		"../a/revisions/r/files/x":    true,
-		"../a%20b/revisions/r/":       true,
-		"../a/workspace.json":         false,
-		"../../etc/revisions/x":       false,
-		"../a/revisions/../../x":      false,
-		"../.././revisions/x":         false,
-		"../a":                        false,
-		"revisions/r/files/x":         false,
-		"../a/revisions/r/files/../y": false,
-	} {
-		if _, _, got := splitForeign(key); got != ok {
-			t.Errorf("splitForeign(%q) = %v", key, got)
-		}
-	}
-	s, _ := NewFSStore("/base", "w")
-	if got := s.path("../o/revisions/r/files/x"); got != "/base/o/revisions/r/files/x" {
-		t.Errorf("path of a foreign key: %s", got)
-	}
-	if s.Foreign("revisions/r/") != "../w/revisions/r/" || s.Foreign("../o/revisions/r/") != "../o/revisions/r/" {
-		t.Error("Foreign")
-	}
-	if err := s.Remove(context.Background(), "../o/revisions/r/"); err == nil {
-		t.Error("a store removed another workspace's revision")
 	}
 }

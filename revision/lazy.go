@@ -13,6 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/amlerr"
@@ -89,16 +92,16 @@ func newLazy(dir string) *lazyState {
 // an *os.File would register each descriptor with the runtime poller,
 // which costs more than the placeholder itself.
 // shown, if not nil, is told of a placeholder made here.
-func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *Shown) (stamp, error) {
+func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, shown *Shown) (store.Stamp, error) {
 	fd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if errors.Is(err, unix.ENOENT) {
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return stamp{}, err
+			return store.Stamp{}, err
 		}
 		fd, err = unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	}
 	if err != nil {
-		return stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
+		return store.Stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
 	}
 	defer unix.Close(fd)
 	// The placeholder's blocks are allocated (unwritten extents, which
@@ -109,26 +112,26 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 	if te.Size > 0 {
 		if err := unix.Fallocate(fd, 0, 0, te.Size); err != nil {
 			if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
-				return stamp{}, &os.PathError{Op: "fallocate", Path: dst, Err: err}
+				return store.Stamp{}, &os.PathError{Op: "fallocate", Path: dst, Err: err}
 			}
 			if err := unix.Ftruncate(fd, te.Size); err != nil {
-				return stamp{}, &os.PathError{Op: "truncate", Path: dst, Err: err}
+				return store.Stamp{}, &os.PathError{Op: "truncate", Path: dst, Err: err}
 			}
 		}
 	}
 	if err := unix.Fsetxattr(fd, PendingXattr(), []byte(key), 0); err != nil {
-		return stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
+		return store.Stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
 	}
 	if err := chownSaved(fd, te); err != nil {
-		return stamp{}, &os.PathError{Op: "chown", Path: dst, Err: err}
+		return store.Stamp{}, &os.PathError{Op: "chown", Path: dst, Err: err}
 	}
 	if err := unix.Fchmod(fd, te.Mode&0o777); err != nil {
-		return stamp{}, &os.PathError{Op: "chmod", Path: dst, Err: err}
+		return store.Stamp{}, &os.PathError{Op: "chmod", Path: dst, Err: err}
 	}
 	if te.Mtime != 0 {
 		ts := unix.NsecToTimespec(int64(te.Mtime))
 		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), []unix.Timespec{ts, ts}, 0); err != nil {
-			return stamp{}, &os.PathError{Op: "utimensat", Path: dst, Err: err}
+			return store.Stamp{}, &os.PathError{Op: "utimensat", Path: dst, Err: err}
 		}
 	}
 	err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW)
@@ -136,7 +139,7 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 	switch {
 	case err == nil:
 		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
-			return stamp{}, err
+			return store.Stamp{}, err
 		}
 		if shown != nil {
 			shown.restored(&st, te)
@@ -145,13 +148,13 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 		buf := make([]byte, len(key)+1)
 		n, xerr := unix.Lgetxattr(dst, PendingXattr(), buf)
 		if xerr != nil || string(buf[:n]) != key {
-			return stamp{}, nil // not ours: leave it
+			return store.Stamp{}, nil // not ours: leave it
 		}
 		if err := statx(dst, &st); err != nil {
-			return stamp{}, err
+			return store.Stamp{}, err
 		}
 	default:
-		return stamp{}, &os.PathError{Op: "link", Path: dst, Err: err}
+		return store.Stamp{}, &os.PathError{Op: "link", Path: dst, Err: err}
 	}
 	l.mu.Lock()
 	if old, ok := l.pending[st.Ino]; ok {
@@ -160,7 +163,7 @@ func (l *lazyState) addPlaceholder(dst string, te TreeEntry, key string, shown *
 	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path}
 	l.bytes += te.Size
 	l.mu.Unlock()
-	return stamp{ino: st.Ino, size: st.Size, mtime: tsOf(st.Mtime), ctime: tsOf(st.Ctime)}, nil
+	return store.Stamp{Ino: st.Ino, Size: st.Size, Mtime: tsOf(st.Mtime), Ctime: tsOf(st.Ctime)}, nil
 }
 
 // getMarker reads the marker name of p, or with legacy, if it has none,
@@ -175,18 +178,18 @@ func getMarker(p, name, old string, legacy bool, buf []byte) (int, error) {
 
 // validPendingKey checks a key read back from a placeholder's xattr.
 func validPendingKey(key string) bool {
-	if _, _, ok := splitForeign(key); ok {
+	if _, _, ok := store.SplitForeign(key); ok {
 		return !strings.Contains(key, "\x00")
 	}
 	rest, ok := strings.CutPrefix(key, "revisions/")
-	return ok && !strings.Contains(key, "\x00") && ValidPath(rest) == nil
+	return ok && !strings.Contains(key, "\x00") && format.ValidPath(rest) == nil
 }
 
 // scanPending rebuilds the pending set of a working tree from placeholder
 // xattrs, after a crash. legacy also takes the user-namespace markers a
 // root daemon of an older amlfs wrote: only for a tree no user could
 // reach but through FUSE, which hides them.
-func scanPending(dir string, sel Selection, legacy bool) (*lazyState, error) {
+func scanPending(dir string, sel format.Selection, legacy bool) (*lazyState, error) {
 	l := newLazy(dir)
 	l.dirs = newDirSet(sel)
 	buf := make([]byte, 4096)
@@ -200,7 +203,7 @@ func scanPending(dir string, sel Selection, legacy bool) (*lazyState, error) {
 				return nil // populated (ENODATA)
 			}
 			rev, orig, ok := strings.Cut(string(buf[:n]), "\x00")
-			if !ok || !validPendingKey(rev+"files") || !strings.HasSuffix(rev, "/") || (orig != "" && ValidPath(orig) != nil) {
+			if !ok || !validPendingKey(rev+"files") || !strings.HasSuffix(rev, "/") || (orig != "" && format.ValidPath(orig) != nil) {
 				return amlerr.New(amlerr.InvalidStore, p, "bad pending directory marker %q", buf[:n])
 			}
 			return l.dirs.markDir(p, orig, rev)
@@ -290,7 +293,7 @@ func (w *Workspace) lazyState() *lazyState {
 
 // ResumePending finds the placeholders a crashed run left in dir, so that
 // their bytes are fetched before anyone reads or saves them.
-func (w *Workspace) ResumePending(dir string, sel Selection, legacy bool) (int, error) {
+func (w *Workspace) ResumePending(dir string, sel format.Selection, legacy bool) (int, error) {
 	l, err := scanPending(dir, sel, legacy)
 	if err != nil {
 		return 0, err
@@ -543,7 +546,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 		return err
 	}
 	r, err := w.store.Open(ctx, pf.key)
-	if errors.Is(err, ErrNotExist) {
+	if errors.Is(err, store.ErrNotExist) {
 		return w.goneErr(pf)
 	}
 	if err != nil {
@@ -571,11 +574,11 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 	unix.Fremovexattr(int(f.Fd()), PendingUserXattr) // an older amlfs's marker, if any
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
-	if after, err := fstamp(f); err == nil {
+	if after, err := store.FileStamp(f); err == nil {
 		if b := w.baseTree(); b != nil {
 			b.refresh(pf.origPath, ino, after)
 		}
-		w.shown.filled(ino, after.ctime.Nano())
+		w.shown.filled(ino, after.Ctime.Nano())
 	}
 	w.lmu.Lock()
 	fn := w.onFilled
@@ -637,9 +640,9 @@ func (w *Workspace) Prefetch(ctx context.Context, workers int) {
 
 // ensureAll fetches every pending file among entries (for an archive save,
 // which reads everything).
-func (w *Workspace) ensureAll(ctx context.Context, entries []TreeEntry) error {
+func (w *Workspace) ensureAll(ctx context.Context, entries []format.TreeEntry) error {
 	for _, te := range entries {
-		if te.Type == TypeFile {
+		if te.Type == format.TypeFile {
 			if err := w.Ensure(ctx, te.Path); err != nil {
 				return err
 			}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/amlfs/amlfs/revision/format"
+
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )
@@ -49,17 +51,17 @@ type pendingDir struct {
 // dirSet is the lazy state of directories.
 type dirSet struct {
 	mu    sync.Mutex
-	dirs  map[uint64]pendingDir  // GUARDED_BY(mu): by inode
-	calls map[uint64]*fetchCall  // GUARDED_BY(mu)
-	files map[string][]TreeEntry // GUARDED_BY(mu): rev + "\x00" + dir -> its files
-	revs  map[string]bool        // GUARDED_BY(mu): revisions loaded into files
-	sel   Selection
+	dirs  map[uint64]pendingDir         // GUARDED_BY(mu): by inode
+	calls map[uint64]*fetchCall         // GUARDED_BY(mu)
+	files map[string][]format.TreeEntry // GUARDED_BY(mu): rev + "\x00" + dir -> its files
+	revs  map[string]bool               // GUARDED_BY(mu): revisions loaded into files
+	sel   format.Selection
 	n     atomic.Int64 // len(dirs), read without mu on every FUSE call
 }
 
-func newDirSet(sel Selection) *dirSet {
+func newDirSet(sel format.Selection) *dirSet {
 	return &dirSet{dirs: map[uint64]pendingDir{}, calls: map[uint64]*fetchCall{},
-		files: map[string][]TreeEntry{}, revs: map[string]bool{}, sel: sel}
+		files: map[string][]format.TreeEntry{}, revs: map[string]bool{}, sel: sel}
 }
 
 // unmade counts the files of pending directories whose revision's
@@ -77,13 +79,13 @@ func (d *dirSet) unmade() (files int, bytes int64) {
 }
 
 // load indexes a manifest's files by parent directory. Must hold d.mu.
-func (d *dirSet) load(rev string, entries []TreeEntry) {
+func (d *dirSet) load(rev string, entries []format.TreeEntry) {
 	if d.revs[rev] {
 		return
 	}
 	d.revs[rev] = true
 	for _, te := range entries {
-		if te.Type == TypeFile {
+		if te.Type == format.TypeFile {
 			k := rev + "\x00" + parentDir(te.Path)
 			d.files[k] = append(d.files[k], te)
 		}
@@ -117,7 +119,7 @@ func (d *dirSet) markDir(dir, orig, rev string) error {
 
 // deferFiles marks, after a lazy restore into root, every directory that
 // will hold files; entries are the restored (selected) entries of rev.
-func (d *dirSet) deferFiles(root, rev string, entries []TreeEntry) error {
+func (d *dirSet) deferFiles(root, rev string, entries []format.TreeEntry) error {
 	d.mu.Lock()
 	d.load(rev, entries)
 	var dirs []string
@@ -188,7 +190,7 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	if !loaded {
 		shown = nil
 		// Resumed after a crash: read the revision's manifest again.
-		m, err := w.manifest(ctx, Entry{Path: pd.rev, Format: FormatFolder})
+		m, err := w.manifest(ctx, format.Entry{Path: pd.rev, Format: format.FormatFolder})
 		if err != nil {
 			return err
 		}
@@ -212,7 +214,7 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 		if err != nil {
 			return err
 		}
-		if stp.ino != 0 && base != nil && base.dir == l.dir {
+		if stp.Ino != 0 && base != nil && base.dir == l.dir {
 			base.add(te.Path, baseFile{stamp: stp, key: key}, pd.rev)
 		}
 	}

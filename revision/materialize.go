@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/amlfs/amlfs/revision/format"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -15,7 +17,7 @@ import (
 // files beneath it.
 type materializer struct {
 	root string
-	dirs []TreeEntry
+	dirs []format.TreeEntry
 }
 
 func (m *materializer) target(p string) string {
@@ -25,9 +27,9 @@ func (m *materializer) target(p string) string {
 // add creates e; for a file, content supplies exactly e.Size bytes.
 // Directories must be added before what they hold (manifest order), and
 // one at a time; files may be added concurrently.
-func (m *materializer) add(e TreeEntry, content io.Reader) error {
+func (m *materializer) add(e format.TreeEntry, content io.Reader) error {
 	dst := m.target(e.Path)
-	if e.Type == TypeDir {
+	if e.Type == format.TypeDir {
 		err := os.Mkdir(dst, 0o755)
 		if os.IsNotExist(err) {
 			err = os.MkdirAll(dst, 0o755)
@@ -41,7 +43,7 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 		m.dirs = append(m.dirs, e)
 		return nil
 	}
-	if e.Type == TypeSymlink {
+	if e.Type == format.TypeSymlink {
 		err := os.Symlink(e.Target, dst)
 		if os.IsNotExist(err) {
 			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
@@ -82,7 +84,7 @@ func (m *materializer) add(e TreeEntry, content io.Reader) error {
 
 // setMtime gives the entry at p (never followed) its saved mtime, and the
 // same atime; a zero mtime (AML wrote the revision) leaves both alone.
-func setMtime(p string, mt Mtime) error {
+func setMtime(p string, mt format.Mtime) error {
 	if mt == 0 {
 		return nil
 	}
@@ -107,7 +109,7 @@ func (m *materializer) create(dst string) (*os.File, error) {
 }
 
 func (m *materializer) finish() error {
-	sort.Slice(m.dirs, func(i, j int) bool { return depth(m.dirs[i].Path) > depth(m.dirs[j].Path) })
+	sort.Slice(m.dirs, func(i, j int) bool { return format.Depth(m.dirs[i].Path) > format.Depth(m.dirs[j].Path) })
 	for _, d := range m.dirs {
 		if err := os.Chmod(m.target(d.Path), os.FileMode(d.Mode)); err != nil {
 			return err

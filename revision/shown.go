@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/amlfs/amlfs/revision/format"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -50,11 +52,11 @@ func (w *Workspace) Shown() *Shown { return w.shown }
 // a number two entries claim (copies of one hard-linked file) is kept by
 // the first only, and the rest show their own; so is 1, the root's in
 // go-fuse's table, and one with bits 48-63 set.
-func (s *Shown) reset(entries []TreeEntry) {
+func (s *Shown) reset(entries []format.TreeEntry) {
 	taken := map[uint64]bool{}
 	for i, e := range entries {
 		st := &entries[i].Stat
-		if (e.Type != TypeFile && e.Type != TypeSymlink) || st.Ino <= 1 || st.Ctime == 0 || st.Ino > MaxShownIno || taken[st.Ino] {
+		if (e.Type != format.TypeFile && e.Type != format.TypeSymlink) || st.Ino <= 1 || st.Ctime == 0 || st.Ino > format.MaxShownIno || taken[st.Ino] {
 			st.Ino, st.Ctime = 0, 0
 			continue
 		}
@@ -66,7 +68,7 @@ func (s *Shown) reset(entries []TreeEntry) {
 }
 
 // restored records that the backing inode st describes was made for te.
-func (s *Shown) restored(st *unix.Statx_t, te TreeEntry) {
+func (s *Shown) restored(st *unix.Statx_t, te format.TreeEntry) {
 	if te.Stat.Ino == 0 || te.Stat.Ctime == 0 {
 		return
 	}
@@ -80,9 +82,9 @@ func (s *Shown) restored(st *unix.Statx_t, te TreeEntry) {
 
 // record notes the symlinks of a restore into dir, and with files its
 // files.
-func (s *Shown) record(dir string, entries []TreeEntry, files bool) {
+func (s *Shown) record(dir string, entries []format.TreeEntry, files bool) {
 	for _, te := range entries {
-		if te.Stat.Ino == 0 || (te.Type == TypeFile && !files) {
+		if te.Stat.Ino == 0 || (te.Type == format.TypeFile && !files) {
 			continue
 		}
 		var st unix.Statx_t
@@ -193,16 +195,16 @@ func tsOf(ts unix.StatxTimestamp) syscall.Timespec {
 // chownSaved gives a restored entry, by its descriptor, the owner it was
 // saved with, if the daemon may (as root: as tar does for root), so that
 // the user who made the files can change them again.
-func chownSaved(fd int, te TreeEntry) error {
-	if te.Stat == (EntryStat{}) || os.Geteuid() != 0 {
+func chownSaved(fd int, te format.TreeEntry) error {
+	if te.Stat == (format.EntryStat{}) || os.Geteuid() != 0 {
 		return nil
 	}
 	return unix.Fchownat(fd, "", int(te.Stat.Uid), int(te.Stat.Gid), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 }
 
 // chownSavedAt is chownSaved for the entry at path, never followed.
-func chownSavedAt(path string, te TreeEntry) error {
-	if te.Stat == (EntryStat{}) || os.Geteuid() != 0 {
+func chownSavedAt(path string, te format.TreeEntry) error {
+	if te.Stat == (format.EntryStat{}) || os.Geteuid() != 0 {
 		return nil
 	}
 	if err := unix.Fchownat(unix.AT_FDCWD, path, int(te.Stat.Uid), int(te.Stat.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {

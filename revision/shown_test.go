@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amlfs/amlfs/revision/format"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -27,12 +29,12 @@ func TestShown(t *testing.T) {
 		}
 	}
 	a, b, c := st("a"), st("b"), st("c")
-	saved := Mtime(time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC).UnixNano())
-	entries := []TreeEntry{
-		{Path: "a", Type: TypeFile, Stat: EntryStat{Ino: 7, Ctime: saved}},
-		{Path: "b", Type: TypeFile, Stat: EntryStat{Ino: c.Ino, Ctime: saved}}, // shows c's own number
-		{Path: "dup", Type: TypeFile, Stat: EntryStat{Ino: 7, Ctime: saved}},   // a's number again: dropped
-		{Path: "big", Type: TypeFile, Stat: EntryStat{Ino: MaxShownIno + 1, Ctime: saved}},
+	saved := format.Mtime(time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC).UnixNano())
+	entries := []format.TreeEntry{
+		{Path: "a", Type: format.TypeFile, Stat: format.EntryStat{Ino: 7, Ctime: saved}},
+		{Path: "b", Type: format.TypeFile, Stat: format.EntryStat{Ino: c.Ino, Ctime: saved}}, // shows c's own number
+		{Path: "dup", Type: format.TypeFile, Stat: format.EntryStat{Ino: 7, Ctime: saved}},   // a's number again: dropped
+		{Path: "big", Type: format.TypeFile, Stat: format.EntryStat{Ino: format.MaxShownIno + 1, Ctime: saved}},
 	}
 	s := newShown()
 	s.reset(entries)
@@ -95,7 +97,7 @@ func TestShown(t *testing.T) {
 // fall, no two inodes show one number.
 func TestShownUnique(t *testing.T) {
 	s := newShown()
-	var entries []TreeEntry
+	var entries []format.TreeEntry
 	for i := range 64 {
 		// Saved numbers that collide with backing numbers 1..64 and
 		// with their first remaps.
@@ -103,7 +105,7 @@ func TestShownUnique(t *testing.T) {
 		if i%2 == 1 {
 			ino ^= 1 << 32
 		}
-		entries = append(entries, TreeEntry{Path: fmt.Sprint(i), Type: TypeFile, Stat: EntryStat{Ino: ino, Ctime: 1}})
+		entries = append(entries, format.TreeEntry{Path: fmt.Sprint(i), Type: format.TypeFile, Stat: format.EntryStat{Ino: ino, Ctime: 1}})
 	}
 	s.reset(entries)
 	seen := map[uint64]string{}
@@ -140,7 +142,7 @@ func TestEntryStatJSON(t *testing.T) {
 		{`"1764882000.123456789 1 4294967296 1"`, false},
 		{`1234`, false},
 	} {
-		var s EntryStat
+		var s format.EntryStat
 		err := s.UnmarshalJSON([]byte(tc.in))
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: err %v", tc.in, err)
@@ -157,26 +159,26 @@ func TestEntryStatJSON(t *testing.T) {
 // TestManifestStatDroppedOverLimit: stat data never make a tree that fits
 // AML's manifest bound unsavable.
 func TestManifestStatDroppedOverLimit(t *testing.T) {
-	var es []TreeEntry
+	var es []format.TreeEntry
 	for i := range 50000 {
-		es = append(es, TreeEntry{Path: fmt.Sprintf("d/f%06d", i), Type: TypeFile, Mode: 0o644, Size: 1,
-			Stat: EntryStat{Ctime: 1764882000123456789, Ino: uint64(1e6 + i), Uid: 1000, Gid: 1000}})
+		es = append(es, format.TreeEntry{Path: fmt.Sprintf("d/f%06d", i), Type: format.TypeFile, Mode: 0o644, Size: 1,
+			Stat: format.EntryStat{Ctime: 1764882000123456789, Ino: uint64(1e6 + i), Uid: 1000, Gid: 1000}})
 	}
-	lim := DefaultLimits
-	bare := NewManifest(append([]TreeEntry(nil), es...))
-	bare.dropStat()
+	lim := format.DefaultLimits
+	bare := format.NewManifest(append([]format.TreeEntry(nil), es...))
+	bare.DropStat()
 	plain, err := bare.Marshal(lim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	full, err := NewManifest(append([]TreeEntry(nil), es...)).Marshal(Limits{Entries: lim.Entries * 10})
+	full, err := format.NewManifest(append([]format.TreeEntry(nil), es...)).Marshal(format.Limits{Entries: lim.Entries * 10})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(full) <= MaxManifestBytes || len(plain) > MaxManifestBytes {
+	if len(full) <= format.MaxManifestBytes || len(plain) > format.MaxManifestBytes {
 		t.Fatalf("the test tree does not straddle the bound: %d and %d bytes", len(full), len(plain))
 	}
-	data, err := NewManifest(es).Marshal(lim)
+	data, err := format.NewManifest(es).Marshal(lim)
 	if err != nil {
 		t.Fatalf("a tree that fits without stat data failed: %v", err)
 	}

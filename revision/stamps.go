@@ -4,21 +4,13 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 )
 
-// A stamp identifies a file's content by its stat data, as git's index
-// does: the same inode, size, mtime and ctime mean the same bytes, because
-// every write, truncate, chmod, rename or link moves ctime forward. amlfs
-// keeps, for the tree it last restored or saved, each file's stamp and the
-// store key of its bytes, so that a save can reuse an unchanged file's
-// object (a hard link, or a server-side copy) instead of uploading it.
-type stamp struct {
-	ino, size    uint64
-	mtime, ctime syscall.Timespec
-}
-
 type baseFile struct {
-	stamp stamp
+	stamp store.Stamp
 	key   string // the store key holding this file's bytes
 }
 
@@ -34,26 +26,26 @@ type baseTree struct {
 
 // refresh updates p's stamp after its bytes were fetched in place, if p is
 // still that inode.
-func (b *baseTree) refresh(p string, ino uint64, st stamp) {
+func (b *baseTree) refresh(p string, ino uint64, st store.Stamp) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if f, ok := b.files[p]; ok && f.stamp.ino == ino {
+	if f, ok := b.files[p]; ok && f.stamp.Ino == ino {
 		f.stamp = st
 		b.files[p] = f
 	}
 }
 
-func statStamp(path string) (stamp, bool) {
+func statStamp(path string) (store.Stamp, bool) {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(path, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return stamp{}, false
+		return store.Stamp{}, false
 	}
-	return stamp{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim, ctime: st.Ctim}, true
+	return store.Stamp{Ino: st.Ino, Size: uint64(st.Size), Mtime: st.Mtim, Ctime: st.Ctim}, true
 }
 
 // reusable returns the key of p's bytes in the base revision if the file
 // at dir/p is unchanged since.
-func (b *baseTree) reusable(dir, p string) (string, stamp, bool) {
+func (b *baseTree) reusable(dir, p string) (string, store.Stamp, bool) {
 	cur, ok := statStamp(filepath.Join(dir, filepath.FromSlash(p)))
 	if !ok {
 		return "", cur, false
@@ -72,11 +64,11 @@ func (b *baseTree) reusable(dir, p string) (string, stamp, bool) {
 
 // recordTree stamps every file of entries under dir, keyed into the folder
 // revision e.
-func recordTree(dir string, e Entry, entries []TreeEntry) *baseTree {
+func recordTree(dir string, e format.Entry, entries []format.TreeEntry) *baseTree {
 	revPath := e.Path
 	b := &baseTree{dir: dir, rev: e.ID, revPath: e.Path, files: make(map[string]baseFile, len(entries))}
 	for _, e := range entries {
-		if e.Type != TypeFile {
+		if e.Type != format.TypeFile {
 			continue
 		}
 		if st, ok := statStamp(filepath.Join(dir, filepath.FromSlash(e.Path))); ok {

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // A tree that cannot be frozen (Options.Watch) is read again while it
@@ -12,7 +14,7 @@ import (
 // read with nothing changing; a tree that keeps changing is published
 // after SaveAttempts attempts, marked Unsettled.
 func TestSaveWatch(t *testing.T) {
-	for _, format := range []string{FormatFolder, FormatArchive} {
+	for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
 		for _, tc := range []struct {
 			name      string
 			changing  int // attempts during which the tree changes
@@ -24,12 +26,12 @@ func TestSaveWatch(t *testing.T) {
 			{"changed twice", 2, 3, false},
 			{"always changing", 5, SaveAttempts, true},
 		} {
-			t.Run(format+"/"+tc.name, func(t *testing.T) {
+			t.Run(kind+"/"+tc.name, func(t *testing.T) {
 				ctx := context.Background()
 				base, src := t.TempDir(), t.TempDir()
 				writeTree(t, src, map[string]string{"a/moving.txt": "m", "stay.txt": "s", "b/": ""})
 				calls := 0
-				w := openWS(t, base, "watched", Options{Format: format, Watch: func() func() bool {
+				w := openWS(t, base, "watched", Options{Format: kind, Watch: func() func() bool {
 					calls++
 					n := calls
 					return func() bool {
@@ -48,7 +50,7 @@ func TestSaveWatch(t *testing.T) {
 						return true
 					}
 				}})
-				res, err := w.Save(ctx, src, Selection{}, "rev-1")
+				res, err := w.Save(ctx, src, format.Selection{}, "rev-1")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -56,9 +58,9 @@ func TestSaveWatch(t *testing.T) {
 					t.Fatalf("attempts %d (watch called %d times), unsettled %v; want %d, %v", res.Attempts, calls, res.Unsettled, tc.attempts, tc.unsettled)
 				}
 				w.Close(ctx)
-				w2 := openWS(t, base, "watched", Options{Format: format})
+				w2 := openWS(t, base, "watched", Options{Format: kind})
 				dst := filepath.Join(t.TempDir(), "work")
-				if _, err := w2.Restore(ctx, "current", dst, Selection{}); err != nil {
+				if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
 					t.Fatal(err)
 				}
 				// The settled revision is the tree as it was read last.

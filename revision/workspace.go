@@ -12,6 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+
 	"github.com/google/uuid"
 	"golang.org/x/sync/errgroup"
 
@@ -27,7 +30,7 @@ type Options struct {
 	ID        string
 	Format    string // FormatFolder (default) or FormatArchive
 	Retention int    // revisions kept, counting the new current one (default 1)
-	Limits    Limits
+	Limits    format.Limits
 	NoLock    bool
 	// DeadHolder, if set, reports whether the holder of a lease that is not
 	// stale yet is known to be dead, so that the lease is taken over.
@@ -64,7 +67,7 @@ const DefaultFetchTimeout = 2 * time.Minute
 // Workspace is one workspace identity in a store: its lease, the index it
 // observed, and the save and restore operations AML defines.
 type Workspace struct {
-	store Store
+	store store.Store
 	// fetchCtx is what every lazy fetch runs under; StopFetches cancels
 	// it.
 	fetchCtx  context.Context
@@ -78,7 +81,7 @@ type Workspace struct {
 	// a save.
 	mu    sync.Mutex
 	imu   sync.Mutex
-	index *Index // GUARDED_BY(mu, imu); nil for a new workspace
+	index *format.Index // GUARDED_BY(mu, imu); nil for a new workspace
 
 	lmu  sync.Mutex // guards base and lazy; never held across I/O
 	base *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
@@ -89,7 +92,7 @@ type Workspace struct {
 	// fills (FillOnAccess; GUARDED_BY(lmu)).
 	onAccess bool
 	version  string // GUARDED_BY(mu, imu); the index version observed
-	lease    Lease
+	lease    store.Lease
 	// expect, once set, is the revision the tree was restored from: a
 	// save publishes only while it is still current (GUARDED_BY(mu)).
 	expect *baseExpect
@@ -97,7 +100,7 @@ type Workspace struct {
 	shown *Shown
 	// fork, until the first save publishes, names the revision of
 	// another workspace the tree was forked from (GUARDED_BY(lmu)).
-	fork *ForkOrigin
+	fork *format.ForkOrigin
 }
 
 type baseExpect struct {
@@ -165,11 +168,11 @@ func (w *Workspace) staleBase() error {
 
 // Open takes the lease (unless NoLock) and loads the index. A store with no
 // index is a new workspace; any other problem is an error.
-func Open(ctx context.Context, store Store, opts Options) (*Workspace, error) {
+func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, error) {
 	if opts.Format == "" {
-		opts.Format = FormatFolder
+		opts.Format = format.FormatFolder
 	}
-	if opts.Format != FormatFolder && opts.Format != FormatArchive {
+	if opts.Format != format.FormatFolder && opts.Format != format.FormatArchive {
 		return nil, amlerr.New(amlerr.InvalidConfig, opts.Format, "format must be folder or archive")
 	}
 	if opts.Retention < 1 {
@@ -215,15 +218,15 @@ func (w *Workspace) reload(ctx context.Context) error {
 
 // readIndex reads and parses s's index, with its version; nil and "" if
 // there is none yet.
-func readIndex(ctx context.Context, s Store) (*Index, string, error) {
+func readIndex(ctx context.Context, s store.Store) (*format.Index, string, error) {
 	data, ver, err := s.ReadIndex(ctx)
-	if errors.Is(err, ErrNotExist) {
+	if errors.Is(err, store.ErrNotExist) {
 		return nil, "", nil
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("read index of %s: %w", s, err)
 	}
-	idx, err := ParseIndex(data)
+	idx, err := format.ParseIndex(data)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", s, err)
 	}
@@ -242,58 +245,58 @@ func (w *Workspace) StoreCurrent(ctx context.Context) (string, error) {
 }
 
 // Index returns a copy of the index as last observed, or nil.
-func (w *Workspace) Index() *Index {
+func (w *Workspace) Index() *format.Index {
 	w.imu.Lock()
 	defer w.imu.Unlock()
 	if w.index == nil {
 		return nil
 	}
 	c := *w.index
-	c.Revisions = append([]Entry(nil), w.index.Revisions...)
+	c.Revisions = append([]format.Entry(nil), w.index.Revisions...)
 	return &c
 }
 
 // Store returns the underlying store.
-func (w *Workspace) Store() Store { return w.store }
+func (w *Workspace) Store() store.Store { return w.store }
 
 // Resolve returns the entry for "current" or a revision id.
-func (w *Workspace) Resolve(rev string) (Entry, error) {
+func (w *Workspace) Resolve(rev string) (format.Entry, error) {
 	w.imu.Lock()
 	defer w.imu.Unlock()
 	if w.index == nil {
-		return Entry{}, amlerr.New(amlerr.InvalidStore, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
+		return format.Entry{}, amlerr.New(amlerr.InvalidStore, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
 	}
 	e, ok := w.index.Resolve(rev)
 	if !ok {
-		return Entry{}, amlerr.New(amlerr.InvalidStore, rev, "no such revision in %s", w.store)
+		return format.Entry{}, amlerr.New(amlerr.InvalidStore, rev, "no such revision in %s", w.store)
 	}
 	return e, nil
 }
 
 // Tree returns the entries of a revision, read from its manifest or
 // archive and fully validated.
-func (w *Workspace) Tree(ctx context.Context, e Entry) ([]TreeEntry, error) {
+func (w *Workspace) Tree(ctx context.Context, e format.Entry) ([]format.TreeEntry, error) {
 	tree, _, err := w.Describe(ctx, e)
 	return tree, err
 }
 
 // Describe returns the entries of a revision, as Tree, and what it was
 // forked from if it is the first revision of a fork.
-func (w *Workspace) Describe(ctx context.Context, e Entry) ([]TreeEntry, *ForkOrigin, error) {
-	if e.Format == FormatArchive {
+func (w *Workspace) Describe(ctx context.Context, e format.Entry) ([]format.TreeEntry, *format.ForkOrigin, error) {
+	if e.Format == format.FormatArchive {
 		r, err := w.openArtifact(ctx, e.Path)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer r.Close()
-		tree, err := ReadArchive(r, "", e.Path, w.opts.Limits, nil)
+		tree, err := readArchive(r, "", e.Path, w.opts.Limits, nil)
 		return tree, nil, err
 	}
 	m, err := w.manifest(ctx, e)
 	if err != nil {
 		return nil, nil, err
 	}
-	var fork *ForkOrigin
+	var fork *format.ForkOrigin
 	if m.Ext != nil {
 		fork = m.Ext.Fork
 	}
@@ -302,59 +305,59 @@ func (w *Workspace) Describe(ctx context.Context, e Entry) ([]TreeEntry, *ForkOr
 
 func (w *Workspace) openArtifact(ctx context.Context, key string) (io.ReadCloser, error) {
 	r, err := w.store.Open(ctx, key)
-	if errors.Is(err, ErrNotExist) {
+	if errors.Is(err, store.ErrNotExist) {
 		return nil, amlerr.New(amlerr.InvalidStore, key, "the index refers to it, but it is missing from %s", w.store)
 	}
 	return r, err
 }
 
-func (w *Workspace) manifest(ctx context.Context, e Entry) (*Manifest, error) {
+func (w *Workspace) manifest(ctx context.Context, e format.Entry) (*format.Manifest, error) {
 	key := e.Path + "manifest.json"
 	r, err := w.openArtifact(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	data, err := ReadAllLimited(r, int64(w.opts.Limits.ManifestBytes()), key)
+	data, err := store.ReadAllLimited(r, int64(w.opts.Limits.ManifestBytes()), key)
 	if err != nil {
 		return nil, amlerr.Wrap(amlerr.InvalidStore, key, err)
 	}
-	return ParseManifest(key, data, w.opts.Limits)
+	return format.ParseManifest(key, data, w.opts.Limits)
 }
 
 // Restore materializes revision rev ("current" or an id) into dir, which
 // must not exist yet. On failure dir is left absent.
-func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel Selection) (Entry, error) {
+func (w *Workspace) Restore(ctx context.Context, rev, dir string, sel format.Selection) (format.Entry, error) {
 	e, err := w.Resolve(rev)
 	if err != nil {
-		return Entry{}, err
+		return format.Entry{}, err
 	}
 	return w.restore(ctx, e, dir, sel)
 }
 
 // restore materializes revision e, whose path may be a foreign key (a
 // fork's source), at dir.
-func (w *Workspace) restore(ctx context.Context, e Entry, dir string, sel Selection) (Entry, error) {
+func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel format.Selection) (format.Entry, error) {
 	tmp := dir + ".restoring"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return Entry{}, err
+		return format.Entry{}, err
 	}
 	var lazy *lazyState
-	if w.opts.LazyRestore && e.Format == FormatFolder {
+	if w.opts.LazyRestore && e.Format == format.FormatFolder {
 		lazy = newLazy(dir)
 		lazy.dirs = newDirSet(sel)
 	}
 	restored, err := w.restoreInto(ctx, e, tmp, sel, lazy)
 	if err != nil {
 		os.RemoveAll(tmp)
-		return Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
+		return format.Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		os.RemoveAll(tmp)
-		return Entry{}, err
+		return format.Entry{}, err
 	}
-	if e.Format == FormatFolder {
+	if e.Format == format.FormatFolder {
 		w.setBase(recordTree(dir, e, restored))
 		// A lazy restore's placeholders are noted as they are made.
 		w.shown.record(dir, restored, lazy == nil)
@@ -367,8 +370,8 @@ func (w *Workspace) restore(ctx context.Context, e Entry, dir string, sel Select
 
 // restoreInto materializes e into dir and returns the entries it restored.
 // With lazy set, files become placeholders (see lazy.go).
-func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Selection, lazy *lazyState) ([]TreeEntry, error) {
-	if e.Format == FormatArchive {
+func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string, sel format.Selection, lazy *lazyState) ([]format.TreeEntry, error) {
+	if e.Format == format.FormatArchive {
 		w.shown.reset(nil) // an archive keeps no stat data
 		// Validate the whole archive before extracting anything.
 		if _, err := w.Tree(ctx, e); err != nil {
@@ -379,7 +382,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 			return nil, err
 		}
 		defer r.Close()
-		return ReadArchive(r, dir, e.Path, w.opts.Limits, sel.Takes)
+		return readArchive(r, dir, e.Path, w.opts.Limits, sel.Takes)
 	}
 	m, err := w.manifest(ctx, e)
 	if err != nil {
@@ -389,7 +392,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	w.shown.reset(entries)
 	var nfiles, nbytes int64
 	for _, te := range entries {
-		if te.Type == TypeFile {
+		if te.Type == format.TypeFile {
 			nfiles++
 			nbytes += te.Size
 		}
@@ -400,7 +403,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	// Directories first, parents before children; then the files, several
 	// at once.
 	for _, te := range entries {
-		if te.Type == TypeDir {
+		if te.Type == format.TypeDir {
 			if err := mat.add(te, nil); err != nil {
 				return nil, err
 			}
@@ -409,7 +412,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	// Symlinks, never followed, cost nothing to make: made at once, even
 	// in a lazy restore. No entry lies beneath one (ValidateEntries).
 	for _, te := range entries {
-		if te.Type == TypeSymlink {
+		if te.Type == format.TypeSymlink {
 			if err := mat.add(te, nil); err != nil {
 				return nil, err
 			}
@@ -426,7 +429,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(restoreParallel)
 	for _, te := range entries {
-		if te.Type != TypeFile {
+		if te.Type != format.TypeFile {
 			continue
 		}
 		if gctx.Err() != nil {
@@ -450,7 +453,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e Entry, dir string, sel Se
 	return entries, mat.finish()
 }
 
-func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te TreeEntry, prog *progress) error {
+func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te format.TreeEntry, prog *progress) error {
 	r, err := w.openArtifact(ctx, key)
 	if err != nil {
 		return err
@@ -469,7 +472,7 @@ func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key stri
 
 // SaveResult describes a published revision.
 type SaveResult struct {
-	Entry         Entry
+	Entry         format.Entry
 	Files         int
 	Bytes         int64
 	Uploaded      int   // files whose bytes were written to the store
@@ -498,7 +501,7 @@ const SaveAttempts = 3
 // create-if-absent, publish conditionally, then prune. If publication fails
 // the upload is removed and the previous revision stays current. revID may
 // be "" for a fresh UUID.
-func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID string) (SaveResult, error) {
+func (w *Workspace) Save(ctx context.Context, dir string, sel format.Selection, revID string) (SaveResult, error) {
 	return w.save(ctx, dir, sel, revID, w)
 }
 
@@ -506,7 +509,7 @@ func (w *Workspace) Save(ctx context.Context, dir string, sel Selection, revID s
 // for a fork (commit --fork) the tree of the mounted workspace src. It
 // reuses src's base revision's objects and fetches through src's lazy
 // restore; only for w's own tree does the tree become w's new base.
-func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID string, src *Workspace) (SaveResult, error) {
+func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (SaveResult, error) {
 	if src != w {
 		src.mu.Lock()
 		defer src.mu.Unlock()
@@ -522,7 +525,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	if revID == "" {
 		revID = uuid.NewString()
-	} else if err := ValidateRevisionID(revID); err != nil {
+	} else if err := format.ValidateRevisionID(revID); err != nil {
 		return SaveResult{}, amlerr.Wrap(amlerr.InvalidConfig, revID, err)
 	}
 	if w.index != nil {
@@ -542,7 +545,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	// stale: say so now, before uploading anything (and before reusing
 	// objects of a base revision it may have pruned). Publication below
 	// stays conditional for a writer that comes in between.
-	if _, ver, err := w.store.ReadIndex(ctx); err == nil || errors.Is(err, ErrNotExist) {
+	if _, ver, err := w.store.ReadIndex(ctx); err == nil || errors.Is(err, store.ErrNotExist) {
 		if ver != w.version {
 			return fail(amlerr.New(amlerr.PublishConflict, w.opts.ID, "workspace.json changed since this tree was loaded: another writer published; the previous revision is still current, nothing was overwritten, and the tree is kept. "+
 				"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand"))
@@ -552,7 +555,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	}
 	// 1 to 3, once per attempt (Options.Watch).
 	var (
-		entry     Entry
+		entry     format.Entry
 		skipped   []string
 		up        uploadStats
 		attempt   int
@@ -599,7 +602,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 		if rerr := w.store.Remove(context.WithoutCancel(ctx), entry.Path); rerr != nil {
 			w.log.Error("remove unpublished artifact", "op", "remove", "path", entry.Path, "err", rerr)
 		}
-		if errors.Is(err, ErrPrecondition) {
+		if errors.Is(err, store.ErrPrecondition) {
 			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten, and the tree is kept", err)))
 		}
 		return fail(err)
@@ -610,7 +613,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	w.expect = nil // the tree is now the new revision's
 	w.SetFork(nil)
 	if src == w {
-		if entry.Format == FormatFolder {
+		if entry.Format == format.FormatFolder {
 			w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
 		} else {
 			w.setBase(nil)
@@ -622,7 +625,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 	// 5. Prune, only now, and never a revision a placeholder still needs.
 	total, files := treeSize(up.entries)
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
-		BaseGone: up.baseGone, Symlinks: countType(up.entries, TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled}
+		BaseGone: up.baseGone, Symlinks: countType(up.entries, format.TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled}
 	for _, p := range pruned {
 		if !w.fetchFrom(ctx, p.Path) {
 			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
@@ -642,7 +645,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel Selection, revID s
 // readTree is steps 1 to 3 of a save: 1. snapshot (of the whole tree:
 // lazily restored directories get their placeholders first), 2. limits,
 // 3. upload the artifact of revision revID. Must hold w.mu.
-func (w *Workspace) readTree(ctx context.Context, dir string, sel Selection, revID string, src *Workspace) (entry Entry, skipped []string, up uploadStats, err error) {
+func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (entry format.Entry, skipped []string, up uploadStats, err error) {
 	if err := src.populateAll(ctx); err != nil {
 		return entry, nil, up, err
 	}
@@ -656,7 +659,7 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel Selection, rev
 	for _, p := range skipped {
 		w.log.Warn("special file not saved (a socket, fifo or device)", "op", "snapshot", "path", p)
 	}
-	if w.opts.Format == FormatArchive {
+	if w.opts.Format == format.FormatArchive {
 		if err := noSymlinks(entries); err != nil {
 			return entry, nil, up, err
 		}
@@ -665,11 +668,11 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel Selection, rev
 	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
 		return entry, nil, up, err
 	}
-	entry = Entry{ID: revID, Format: w.opts.Format, Path: RevisionPath(revID, w.opts.Format), CreatedAt: FormatCreatedAt(w.opts.Now())}
+	entry = format.Entry{ID: revID, Format: w.opts.Format, Path: format.RevisionPath(revID, w.opts.Format), CreatedAt: format.FormatCreatedAt(w.opts.Now())}
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
 	up, err = w.upload(ctx, dir, entry, entries, prog, src)
 	prog.finish()
-	if errors.Is(err, ErrExist) {
+	if errors.Is(err, store.ErrExist) {
 		err = amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
 	}
 	return entry, skipped, up, err
@@ -677,7 +680,7 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel Selection, rev
 
 // uploadStats is what an upload did, and the stamps of the files it saved.
 type uploadStats struct {
-	entries          []TreeEntry // as saved: sizes and mtimes of the bytes read
+	entries          []format.TreeEntry // as saved: sizes and mtimes of the bytes read
 	uploaded, reused int
 	baseGone         int // reusable files whose base object was gone, uploaded instead
 	uploadedBytes    int64
@@ -688,7 +691,7 @@ type uploadStats struct {
 // upload writes the artifact. For a folder revision, a file unchanged since
 // the base tree (same stamp) reuses the base revision's object; only the
 // rest is uploaded. Must hold w.mu.
-func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries []TreeEntry, prog *progress, src *Workspace) (up uploadStats, err error) {
+func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, prog *progress, src *Workspace) (up uploadStats, err error) {
 	st, err := w.store.Stage(ctx, entry.Path)
 	if err != nil {
 		return up, err
@@ -704,14 +707,14 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			st.Abort(context.WithoutCancel(ctx))
 		}
 	}()
-	if entry.Format == FormatArchive {
+	if entry.Format == format.FormatArchive {
 		if err := src.ensureAll(ctx, entries); err != nil {
 			return up, err
 		}
 		pr, pw := io.Pipe()
 		go func() {
 			var err error
-			_, up.entries, err = WriteArchive(pw, dir, entries, w.opts.Limits)
+			_, up.entries, err = writeArchive(pw, dir, entries, w.opts.Limits)
 			pw.CloseWithError(err)
 		}()
 		err := st.Put(ctx, "", pr, -1)
@@ -726,13 +729,13 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	// workspace's (a fork's source: if it is gone, the bytes come from
 	// the tree).
 	base := src.baseTree()
-	if base != nil && !IsForeign(base.revPath) && (src.index == nil || !hasRevision(src.index, base.rev)) {
+	if base != nil && !store.IsForeign(base.revPath) && (src.index == nil || !hasRevision(src.index, base.rev)) {
 		base = nil
 	}
 	// The base's keys as w's store names them.
 	baseKey := func(k string) string { return k }
 	if src != w {
-		baseKey = src.store.(Family).Foreign
+		baseKey = src.store.(store.Family).Foreign
 	}
 	t, err := openTree(dir)
 	if err != nil {
@@ -743,7 +746,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	var mu sync.Mutex // guards entries, up while uploads land
 	gone := map[string]bool{}
 	for i, te := range entries {
-		if te.Type != TypeFile {
+		if te.Type != format.TypeFile {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
@@ -752,7 +755,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 		name := "files/" + te.Path
 		key, stp, ok := base.reusable(dir, te.Path)
 		key = baseKey(key)
-		if ok && stp.size == uint64(te.Size) {
+		if ok && stp.Size == uint64(te.Size) {
 			var f *os.File
 			var isGone bool
 			var err error
@@ -770,15 +773,15 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 					f.Close()
 					f = nil
 				}
-				err = st.Reuse(ctx, name, key, f, func(read *stamp) {
+				err = st.Reuse(ctx, name, key, f, func(read *store.Stamp) {
 					mu.Lock()
 					defer mu.Unlock()
 					if read != nil {
 						// Its base was pruned: uploaded from the tree.
-						entries[i].Size, entries[i].Mtime = int64(read.size), Mtime(read.mtime.Nano())
-						entries[i].Stat.Ino, entries[i].Stat.Ctime = read.ino, Mtime(read.ctime.Nano())
+						entries[i].Size, entries[i].Mtime = int64(read.Size), format.Mtime(read.Mtime.Nano())
+						entries[i].Stat.Ino, entries[i].Stat.Ctime = read.Ino, format.Mtime(read.Ctime.Nano())
 						up.uploaded++
-						up.uploadedBytes += int64(read.size)
+						up.uploadedBytes += int64(read.Size)
 						up.baseGone++
 						up.stamps[te.Path] = baseFile{stamp: *read, key: entry.Path + name}
 						return
@@ -787,7 +790,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 					if up.moves == nil {
 						up.moves = map[uint64]repointTo{}
 					}
-					up.moves[stp.ino] = repointTo{path: te.Path, key: entry.Path + name}
+					up.moves[stp.Ino] = repointTo{path: te.Path, key: entry.Path + name}
 					up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
 				})
 				if err != nil {
@@ -808,16 +811,16 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			gone[te.Path] = true // removed or replaced since the snapshot
 			continue
 		}
-		err = st.PutFile(ctx, name, f, func(stp stamp) {
+		err = st.PutFile(ctx, name, f, func(stp store.Stamp) {
 			mu.Lock()
 			defer mu.Unlock()
 			// The manifest holds the bytes as read: their size and
 			// mtime, which may be newer than the snapshot's.
-			entries[i].Size = int64(stp.size)
-			entries[i].Mtime = Mtime(stp.mtime.Nano())
-			entries[i].Stat.Ino, entries[i].Stat.Ctime = stp.ino, Mtime(stp.ctime.Nano())
+			entries[i].Size = int64(stp.Size)
+			entries[i].Mtime = format.Mtime(stp.Mtime.Nano())
+			entries[i].Stat.Ino, entries[i].Stat.Ctime = stp.Ino, format.Mtime(stp.Ctime.Nano())
 			up.uploaded++
-			up.uploadedBytes += int64(stp.size)
+			up.uploadedBytes += int64(stp.Size)
 			up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
 		})
 		if err != nil {
@@ -829,7 +832,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	}
 	up.entries = entries
 	if len(gone) > 0 {
-		up.entries = make([]TreeEntry, 0, len(entries))
+		up.entries = make([]format.TreeEntry, 0, len(entries))
 		for _, te := range entries {
 			if !gone[te.Path] {
 				up.entries = append(up.entries, te)
@@ -840,9 +843,9 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 	for i, te := range up.entries {
 		if te.Stat.Ino != 0 {
 			ino, ctime := src.shown.saved(te.Stat.Ino, int64(te.Stat.Ctime))
-			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, Mtime(ctime)
+			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, format.Mtime(ctime)
 		}
-		if up.entries[i].Stat.Ino > MaxShownIno {
+		if up.entries[i].Stat.Ino > format.MaxShownIno {
 			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = 0, 0
 		}
 	}
@@ -852,10 +855,10 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 			return up, err
 		}
 	}
-	m := NewManifest(up.entries)
+	m := format.NewManifest(up.entries)
 	if f := w.Fork(); f != nil {
 		if m.Ext == nil {
-			m.Ext = &ManifestExt{}
+			m.Ext = &format.ManifestExt{}
 		}
 		m.Ext.Fork = f
 	}
@@ -870,9 +873,9 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry Entry, entries
 }
 
 // treeSize returns the bytes and the number of the files in es.
-func treeSize(es []TreeEntry) (bytes int64, files int) {
+func treeSize(es []format.TreeEntry) (bytes int64, files int) {
 	for _, te := range es {
-		if te.Type == TypeFile {
+		if te.Type == format.TypeFile {
 			bytes += te.Size
 			files++
 		}
@@ -880,7 +883,7 @@ func treeSize(es []TreeEntry) (bytes int64, files int) {
 	return bytes, files
 }
 
-func countType(es []TreeEntry, typ string) int {
+func countType(es []format.TreeEntry, typ string) int {
 	n := 0
 	for _, te := range es {
 		if te.Type == typ {
@@ -892,10 +895,10 @@ func countType(es []TreeEntry, typ string) int {
 
 // noSymlinks refuses symlinks in an archive save: AML's archive reader
 // throws on any tar member that is not a file or a directory.
-func noSymlinks(es []TreeEntry) error {
+func noSymlinks(es []format.TreeEntry) error {
 	var links []string
 	for _, te := range es {
-		if te.Type == TypeSymlink {
+		if te.Type == format.TypeSymlink {
 			links = append(links, fmt.Sprintf("%q", te.Path))
 		}
 	}
@@ -905,10 +908,10 @@ func noSymlinks(es []TreeEntry) error {
 	if len(links) > 20 {
 		links = append(links[:20], fmt.Sprintf("and %d more", len(links)-20))
 	}
-	return amlerr.New(amlerr.UnsupportedEntry, strings.Trim(links[0], `"`), "%d symlinks, which AML's archive format cannot hold (its reader throws on them): save with --format folder, which keeps them in a manifest extension AML ignores, or exclude them: %s", countType(es, TypeSymlink), strings.Join(links, ", "))
+	return amlerr.New(amlerr.UnsupportedEntry, strings.Trim(links[0], `"`), "%d symlinks, which AML's archive format cannot hold (its reader throws on them): save with --format folder, which keeps them in a manifest extension AML ignores, or exclude them: %s", countType(es, format.TypeSymlink), strings.Join(links, ", "))
 }
 
-func hasRevision(idx *Index, id string) bool {
+func hasRevision(idx *format.Index, id string) bool {
 	_, ok := idx.Find(id)
 	return ok
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/s3client"
 )
 
@@ -63,14 +64,14 @@ func mountFlags() []cli.Flag {
 // revision over them.
 func limitFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.IntFlag{Name: "max-entries", Value: revision.DefaultLimits.Entries, Usage: "most entries (files, directories, symlinks) a revision may hold; the manifest bound of 4MiB grows in proportion above the default"},
+		&cli.IntFlag{Name: "max-entries", Value: format.DefaultLimits.Entries, Usage: "most entries (files, directories, symlinks) a revision may hold; the manifest bound of 4MiB grows in proportion above the default"},
 		&cli.StringFlag{Name: "max-bytes", Value: "1GiB", Usage: "most bytes of files a revision may hold (bytes, or with KiB, MiB, GiB, TiB)"},
 		&cli.StringFlag{Name: "max-archive-bytes", Value: "256MiB", Usage: "largest compressed archive revision (bytes, or with KiB, MiB, GiB, TiB)"},
 	}
 }
 
 // limitsOf reads the limit flags.
-func limitsOf(c *cli.Context) (revision.Limits, error) {
+func limitsOf(c *cli.Context) (format.Limits, error) {
 	return mount.ParseLimits(c.Int("max-entries"), c.String("max-bytes"), c.String("max-archive-bytes"))
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 func printJSON(w io.Writer, v any) error {
@@ -68,24 +69,24 @@ func openWorkspaceFor(c *cli.Context, lock, publish bool, opts revision.Options)
 }
 
 type revisionInfo struct {
-	revision.Entry
+	format.Entry
 	Current bool  `json:"current"`
 	Entries int   `json:"entries"`
 	Files   int   `json:"files"`
 	Bytes   int64 `json:"bytes"`
 	// ForkOf names the revision of another workspace this one, a fork's
 	// first revision, began from.
-	ForkOf *revision.ForkOrigin `json:"forkOf,omitempty"`
+	ForkOf *format.ForkOrigin `json:"forkOf,omitempty"`
 }
 
-func describe(ctx context.Context, ws *revision.Workspace, e revision.Entry) (revisionInfo, []revision.TreeEntry, error) {
+func describe(ctx context.Context, ws *revision.Workspace, e format.Entry) (revisionInfo, []format.TreeEntry, error) {
 	tree, fork, err := ws.Describe(ctx, e)
 	if err != nil {
 		return revisionInfo{}, nil, err
 	}
 	info := revisionInfo{Entry: e, Current: ws.Index().Current == e.ID, Entries: len(tree), ForkOf: fork}
 	for _, te := range tree {
-		if te.Type == revision.TypeFile {
+		if te.Type == format.TypeFile {
 			info.Files++
 			info.Bytes += te.Size
 		}
@@ -155,7 +156,7 @@ func revisionsCommand() *cli.Command {
 					if c.Bool("json") {
 						return printJSON(c.App.Writer, struct {
 							revisionInfo
-							Tree []revision.TreeEntry `json:"tree"`
+							Tree []format.TreeEntry `json:"tree"`
 						}{info, tree})
 					}
 					fmt.Fprintf(c.App.Writer, "revision %s (%s, %s): %d entries, %d bytes\n", e.ID, e.Format, e.CreatedAt, info.Entries, info.Bytes)
@@ -169,9 +170,9 @@ func revisionsCommand() *cli.Command {
 					for _, te := range tree {
 						kind, name := "f", te.Path
 						switch te.Type {
-						case revision.TypeDir:
+						case format.TypeDir:
 							kind = "d"
-						case revision.TypeSymlink:
+						case format.TypeSymlink:
 							kind, name = "l", te.Path+" -> "+te.Target
 						}
 						fmt.Fprintf(c.App.Writer, "%s %04o %12d  %s\n", kind, te.Mode, te.Size, name)
@@ -257,12 +258,12 @@ func revisionsCommand() *cli.Command {
 					}
 					defer os.RemoveAll(tmp)
 					tree := filepath.Join(tmp, "tree")
-					if _, err := ws.Restore(c.Context, e.ID, tree, revision.Selection{}); err != nil {
+					if _, err := ws.Restore(c.Context, e.ID, tree, format.Selection{}); err != nil {
 						ws.Close(c.Context)
 						return err
 					}
 					// The restored tree is saved whole: no .gitignore filtering.
-					res, err := ws.Save(c.Context, tree, revision.Selection{NoGitignore: true}, "")
+					res, err := ws.Save(c.Context, tree, format.Selection{NoGitignore: true}, "")
 					if cerr := ws.Close(c.Context); err == nil && cerr != nil {
 						err = cerr
 					}
@@ -298,9 +299,9 @@ func describeChange(ch revision.Change) string {
 
 func sizeOf(typ string, size int64) string {
 	switch typ {
-	case revision.TypeDir:
+	case format.TypeDir:
 		return "directory"
-	case revision.TypeSymlink:
+	case format.TypeSymlink:
 		return "symlink"
 	}
 	return fmt.Sprintf("%d bytes", size)

@@ -1,4 +1,4 @@
-package revision
+package format
 
 import (
 	"bytes"
@@ -41,7 +41,8 @@ type Limits struct {
 // DefaultLimits are AML's defaults.
 var DefaultLimits = Limits{Entries: 100_000, ExtractedBytes: 1 << 30, ArchiveBytes: 256 << 20}
 
-func (l Limits) orDefault() Limits {
+// OrDefault fills each unset limit with AML's default.
+func (l Limits) OrDefault() Limits {
 	if l.Entries <= 0 {
 		l.Entries = DefaultLimits.Entries
 	}
@@ -57,7 +58,7 @@ func (l Limits) orDefault() Limits {
 // ManifestBytes bounds a manifest: AML's 4 MiB, or more in proportion
 // to an entry limit raised above AML's.
 func (l Limits) ManifestBytes() int {
-	l = l.orDefault()
+	l = l.OrDefault()
 	if l.Entries <= DefaultLimits.Entries {
 		return MaxManifestBytes
 	}
@@ -70,7 +71,7 @@ const limitHint = "; AML's readers need the same limit to load such a revision"
 // Check returns a LIMIT_EXCEEDED error, naming the flag that raises the
 // limit, when a tree is over the limits.
 func (l Limits) Check(subject string, entries int, bytes int64) error {
-	l = l.orDefault()
+	l = l.OrDefault()
 	if entries > l.Entries {
 		return amlerr.New(amlerr.LimitExceeded, subject, "%d entries, over the limit of %d (raise it with --max-entries%s)", entries, l.Entries, limitHint)
 	}
@@ -236,7 +237,8 @@ func (m *Manifest) hasStat() bool {
 	return false
 }
 
-func (m *Manifest) dropStat() {
+// DropStat clears every entry's saved stat data.
+func (m *Manifest) DropStat() {
 	for i := range m.Entries {
 		m.Entries[i].Stat = EntryStat{}
 	}
@@ -255,8 +257,8 @@ func ValidPath(p string) error {
 	if !utf8.ValidString(p) {
 		return fmt.Errorf("path %q is not valid UTF-8", p)
 	}
-	if len(p) > maxPathBytes {
-		return fmt.Errorf("path %.40q... is %d bytes, over %d", p, len(p), maxPathBytes)
+	if len(p) > MaxPathBytes {
+		return fmt.Errorf("path %.40q... is %d bytes, over %d", p, len(p), MaxPathBytes)
 	}
 	if strings.ContainsRune(p, 0) {
 		return fmt.Errorf("path %q contains NUL", p)
@@ -272,10 +274,10 @@ func ValidPath(p string) error {
 	return nil
 }
 
-// maxPathBytes bounds a revision path, as PATH_MAX (less the NUL) does.
-const maxPathBytes = 4095
+// MaxPathBytes bounds a revision path, as PATH_MAX (less the NUL) does.
+const MaxPathBytes = 4095
 
-func depth(p string) int { return strings.Count(p, "/") }
+func Depth(p string) int { return strings.Count(p, "/") }
 
 // jsLess orders strings as JavaScript's default comparison does (UTF-16 code
 // units), so that amlfs and AML agree on "by name".
@@ -304,7 +306,7 @@ func isASCII(s string) bool {
 // SortEntries orders entries by depth, then by name.
 func SortEntries(es []TreeEntry) {
 	sort.Slice(es, func(i, j int) bool {
-		di, dj := depth(es[i].Path), depth(es[j].Path)
+		di, dj := Depth(es[i].Path), Depth(es[j].Path)
 		if di != dj {
 			return di < dj
 		}
@@ -459,7 +461,7 @@ func (m *Manifest) Marshal(lim Limits) ([]byte, error) {
 	if max := lim.ManifestBytes(); len(data) > max && m.hasStat() {
 		// The stat data only speeds up git after a restore: a tree
 		// that fits without it is saved without it.
-		m.dropStat()
+		m.DropStat()
 		return m.Marshal(lim)
 	}
 	if max := lim.ManifestBytes(); len(data) > max {

@@ -1,4 +1,4 @@
-package revision
+package store
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // Sentinel errors stores return, wrapped.
@@ -44,6 +46,9 @@ type Store interface {
 	Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error)
 	// Destroy removes the workspace root and everything under it.
 	Destroy(ctx context.Context) error
+	// Probe checks that the store is reachable and writable, and that it
+	// honours conditional writes.
+	Probe(ctx context.Context) Probe
 }
 
 // Stager writes one artifact.
@@ -56,7 +61,7 @@ type Stager interface {
 	// object has landed it calls done with the stamp of those bytes,
 	// whose size is their length. It may work in the background: its
 	// error may surface only at Flush or Commit.
-	PutFile(ctx context.Context, name string, f *os.File, done func(stamp)) error
+	PutFile(ctx context.Context, name string, f *os.File, done func(Stamp)) error
 	// Flush waits until everything put so far has landed.
 	Flush(ctx context.Context) error
 	// Reuse makes name a copy of the existing object fromKey without moving
@@ -68,7 +73,7 @@ type Stager interface {
 	// BASE_REVISION_GONE error. done is called once
 	// name has landed, with the stamp of the bytes written from local, or
 	// nil for a copy. It may work in the background, as PutFile.
-	Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*stamp)) error
+	Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*Stamp)) error
 	// Commit makes the artifact visible at its key if nothing is there yet,
 	// else returns ErrExist. Everything is durable when it returns.
 	Commit(ctx context.Context) error
@@ -106,23 +111,23 @@ type Family interface {
 	Foreign(key string) string
 }
 
-// splitForeign parses a foreign key into its segment and the key within
+// SplitForeign parses a foreign key into its segment and the key within
 // that workspace's root. Only revision objects are reachable that way.
-func splitForeign(key string) (seg, rest string, ok bool) {
+func SplitForeign(key string) (seg, rest string, ok bool) {
 	tail, ok := strings.CutPrefix(key, "../")
 	if !ok {
 		return "", "", false
 	}
 	seg, rest, ok = strings.Cut(tail, "/")
-	if !ok || seg == "" || seg == "." || seg == ".." || !strings.HasPrefix(rest, "revisions/") || ValidPath(strings.TrimSuffix(rest, "/")) != nil {
+	if !ok || seg == "" || seg == "." || seg == ".." || !strings.HasPrefix(rest, "revisions/") || format.ValidPath(strings.TrimSuffix(rest, "/")) != nil {
 		return "", "", false
 	}
 	return seg, rest, true
 }
 
-// foreign returns key of the workspace whose segment is seg as a foreign
-// key; a key that is foreign already stays as it is.
-func foreign(seg, key string) string {
+// ForeignKey returns key of the workspace whose segment is seg as a ForeignKey
+// key; a key that is ForeignKey already stays as it is.
+func ForeignKey(seg, key string) string {
 	if IsForeign(key) {
 		return key
 	}

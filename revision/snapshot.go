@@ -7,91 +7,16 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"unicode/utf8"
 
-	"github.com/bmatcuk/doublestar/v4"
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision/format"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 	"golang.org/x/sys/unix"
-
-	"github.com/amlfs/amlfs/amlerr"
 )
-
-// Selection decides which paths of a working tree a save or restore takes.
-//
-// Rules, in order: a path under Hidden is never taken (live mounts); a path
-// matching an Exclude glob is never taken; when Include globs are given, only
-// paths matching one are taken (and the directories above them), and such an
-// explicit include overrides .gitignore; otherwise a path is taken unless
-// .gitignore (honoured unless NoGitignore) ignores it. A glob that matches a
-// directory covers everything beneath it.
-type Selection struct {
-	Include     []string
-	Exclude     []string
-	NoGitignore bool
-	// Hidden are relative paths never taken, whatever the globs say.
-	Hidden []string
-}
-
-// Validate checks the globs.
-func (s Selection) Validate() error {
-	for _, g := range append(append([]string{}, s.Include...), s.Exclude...) {
-		if g == "" || !doublestar.ValidatePattern(g) {
-			return amlerr.New(amlerr.InvalidConfig, g, "invalid glob")
-		}
-	}
-	return nil
-}
-
-func matchAny(globs []string, p string) bool {
-	for _, g := range globs {
-		g = strings.TrimPrefix(strings.TrimSuffix(g, "/"), "/")
-		for q := p; q != "."; q = path.Dir(q) {
-			if ok, _ := doublestar.Match(g, q); ok {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// Takes reports whether a single path is selected, ignoring .gitignore. It
-// is used to filter a manifest on restore.
-func (s Selection) Takes(p string) bool {
-	if s.hidden(p) || matchAny(s.Exclude, p) {
-		return false
-	}
-	return len(s.Include) == 0 || matchAny(s.Include, p)
-}
-
-// Filter returns the entries Takes selects, keeping the directories above
-// selected files.
-func (s Selection) Filter(es []TreeEntry) []TreeEntry {
-	if len(s.Include) == 0 && len(s.Exclude) == 0 && len(s.Hidden) == 0 {
-		return es
-	}
-	keep := map[string]bool{}
-	for _, e := range es {
-		if s.Takes(e.Path) {
-			keep[e.Path] = true
-			for d := path.Dir(e.Path); d != "."; d = path.Dir(d) {
-				if s.Takes(d) || len(s.Include) > 0 {
-					keep[d] = true
-				}
-			}
-		}
-	}
-	var out []TreeEntry
-	for _, e := range es {
-		if keep[e.Path] {
-			out = append(out, e)
-		}
-	}
-	return out
-}
 
 // Snapshot walks dir and returns the selected entries, ordered by depth then
 // name: files, directories and symlinks (never followed). Sockets, fifos and
@@ -99,7 +24,7 @@ func (s Selection) Filter(es []TreeEntry) []TreeEntry {
 // by path. A name a revision cannot hold (not UTF-8, as S3 keys and JSON
 // need; a path over 4,095 bytes; a symlink target that is not UTF-8) is an
 // UNSUPPORTED_ENTRY error listing every such path.
-func Snapshot(dir string, s Selection) (entries []TreeEntry, skipped []string, err error) {
+func Snapshot(dir string, s format.Selection) (entries []format.TreeEntry, skipped []string, err error) {
 	t, err := openTree(dir)
 	if err != nil {
 		return nil, nil, err
@@ -115,7 +40,7 @@ func Snapshot(dir string, s Selection) (entries []TreeEntry, skipped []string, e
 		}
 		return nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
 	}
-	SortEntries(w.out)
+	format.SortEntries(w.out)
 	return w.out, w.skipped, nil
 }
 
@@ -134,8 +59,8 @@ func SpecialFilesError(paths []string) error {
 
 type walker struct {
 	root    *tree // every path is opened beneath it
-	sel     Selection
-	out     []TreeEntry
+	sel     format.Selection
+	out     []format.TreeEntry
 	skipped []string // special files
 	bad     []string // what no revision can hold, with why
 }
@@ -175,12 +100,12 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		if rel != "" {
 			p = rel + "/" + p
 		}
-		if w.sel.hidden(p) || matchAny(w.sel.Exclude, p) {
+		if w.sel.IsHidden(p) || format.MatchAny(w.sel.Exclude, p) {
 			continue // excluded or hidden: prune
 		}
 		isDir := de.IsDir()
 		ign := !w.sel.NoGitignore && (ignored || matcher.Match(append(domain[:len(domain):len(domain)], de.Name()), isDir))
-		explicit := len(w.sel.Include) > 0 && matchAny(w.sel.Include, p)
+		explicit := len(w.sel.Include) > 0 && format.MatchAny(w.sel.Include, p)
 		selected := (len(w.sel.Include) == 0 && !ign) || explicit
 		if isDir {
 			if !selected && len(w.sel.Include) == 0 {
@@ -200,12 +125,12 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 					return false, err
 				}
 				// Insert the directory before its children.
-				w.out = append(w.out, TreeEntry{})
+				w.out = append(w.out, format.TreeEntry{})
 				copy(w.out[mark+1:], w.out[mark:])
 				if why := unsavableName(p); why != "" {
 					w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
 				}
-				w.out[mark] = TreeEntry{Path: p, Type: TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime()), Stat: statOf(fi, false)}
+				w.out[mark] = format.TreeEntry{Path: p, Type: format.TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, false)}
 				any = true
 			}
 			continue
@@ -224,10 +149,10 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
 			continue
 		}
-		e := TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: MtimeOf(fi.ModTime()), Stat: statOf(fi, true)}
+		e := format.TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, true)}
 		switch {
 		case fi.Mode().IsRegular():
-			e.Type, e.Size = TypeFile, fi.Size()
+			e.Type, e.Size = format.TypeFile, fi.Size()
 		case fi.Mode()&os.ModeSymlink != 0:
 			target, err := readlinkAt(dfd, de.Name())
 			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
@@ -236,11 +161,11 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			if err != nil {
 				return false, err
 			}
-			if !utf8.ValidString(target) || len(target) > MaxSymlinkTarget {
-				w.bad = append(w.bad, fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, MaxSymlinkTarget))
+			if !utf8.ValidString(target) || len(target) > format.MaxSymlinkTarget {
+				w.bad = append(w.bad, fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, format.MaxSymlinkTarget))
 				continue
 			}
-			e.Type, e.Target, e.Mode = TypeSymlink, target, 0o777
+			e.Type, e.Target, e.Mode = format.TypeSymlink, target, 0o777
 		default:
 			w.skipped = append(w.skipped, p)
 			continue
@@ -253,36 +178,16 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 
 // statOf is fi's owner and, with ino, its backing inode number and ctime
 // (the save turns those into the ones the mount shows: Shown.saved).
-func statOf(fi fs.FileInfo, ino bool) EntryStat {
+func statOf(fi fs.FileInfo, ino bool) format.EntryStat {
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
-		return EntryStat{}
+		return format.EntryStat{}
 	}
-	es := EntryStat{Uid: st.Uid, Gid: st.Gid}
+	es := format.EntryStat{Uid: st.Uid, Gid: st.Gid}
 	if ino {
-		es.Ino, es.Ctime = st.Ino, Mtime(st.Ctim.Nano())
+		es.Ino, es.Ctime = st.Ino, format.Mtime(st.Ctim.Nano())
 	}
 	return es
-}
-
-// unsavableName says why no revision can hold path p, or "".
-func unsavableName(p string) string {
-	switch {
-	case !utf8.ValidString(p):
-		return "the name is not UTF-8, which S3 keys and JSON manifests need"
-	case len(p) > maxPathBytes:
-		return fmt.Sprintf("the path is %d bytes, over %d", len(p), maxPathBytes)
-	}
-	return ""
-}
-
-func (s Selection) hidden(p string) bool {
-	for _, h := range s.Hidden {
-		if p == h || strings.HasPrefix(p, h+"/") {
-			return true
-		}
-	}
-	return false
 }
 
 // maxGitignore bounds the bytes of one .gitignore read: patterns past it
@@ -320,4 +225,15 @@ func readGitignore(dirfd int, dir string, domain []string) ([]gitignore.Pattern,
 		ps = append(ps, gitignore.ParsePattern(line, domain))
 	}
 	return ps, sc.Err()
+}
+
+// unsavableName says why no revision can hold path p, or "".
+func unsavableName(p string) string {
+	switch {
+	case !utf8.ValidString(p):
+		return "the name is not UTF-8, which S3 keys and JSON manifests need"
+	case len(p) > format.MaxPathBytes:
+		return fmt.Sprintf("the path is %d bytes, over %d", len(p), format.MaxPathBytes)
+	}
+	return ""
 }

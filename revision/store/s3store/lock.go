@@ -1,4 +1,4 @@
-package revision
+package s3store
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/amlfs/amlfs/revision/store"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -64,26 +66,26 @@ func (s *S3Store) readLock(ctx context.Context) (lockRecord, string, error) {
 }
 
 // Lock takes the lease.
-func (s *S3Store) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error) {
+func (s *S3Store) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (store.Lease, error) {
 	rec := lockRecord{Token: uuid.NewString(), UpdatedAt: s.Now().UnixMilli()}
 	etag, err := s.putLock(ctx, rec, "")
-	if errors.Is(err, ErrPrecondition) {
+	if errors.Is(err, store.ErrPrecondition) {
 		etag, err = s.takeOver(ctx, rec, dead)
 	}
 	if err != nil {
 		return nil, err
 	}
-	l := &s3Lease{leaseState: newLeaseState(onLost), s: s, token: rec.Token, etag: etag}
-	l.start(s.LockRefresh, l.refresh)
+	l := &s3Lease{Heartbeat: store.NewHeartbeat(onLost), s: s, token: rec.Token, etag: etag}
+	l.Start(s.LockRefresh, l.refresh)
 	return l, nil
 }
 
 func (s *S3Store) takeOver(ctx context.Context, rec lockRecord, dead func(string) bool) (string, error) {
 	cur, etag, err := s.readLock(ctx)
-	if errors.Is(err, ErrNotExist) {
+	if errors.Is(err, store.ErrNotExist) {
 		// Released in between: try a fresh create once more.
 		etag, err := s.putLock(ctx, rec, "")
-		if errors.Is(err, ErrPrecondition) {
+		if errors.Is(err, store.ErrPrecondition) {
 			return "", s.conflict("another writer took the lock first")
 		}
 		return etag, err
@@ -100,7 +102,7 @@ func (s *S3Store) takeOver(ctx context.Context, rec lockRecord, dead func(string
 		return "", s.conflict(fmt.Sprintf("%s refreshed %s ago", s.key(lockKey), age.Truncate(time.Second)))
 	}
 	etag, err = s.putLock(ctx, rec, etag)
-	if errors.Is(err, ErrPrecondition) {
+	if errors.Is(err, store.ErrPrecondition) {
 		if cur, etag, rerr := s.readLock(ctx); rerr == nil && cur.Token == rec.Token {
 			return etag, nil // our takeover landed; its retry failed
 		}
@@ -110,7 +112,7 @@ func (s *S3Store) takeOver(ctx context.Context, rec lockRecord, dead func(string
 }
 
 type s3Lease struct {
-	*leaseState
+	*store.Heartbeat
 	s     *S3Store
 	token string
 
@@ -129,7 +131,7 @@ func (l *s3Lease) refresh() error {
 	defer cancel()
 	next, err := l.s.putLock(ctx, lockRecord{Token: l.token, UpdatedAt: l.s.Now().UnixMilli()}, etag)
 	switch {
-	case errors.Is(err, ErrPrecondition):
+	case errors.Is(err, store.ErrPrecondition):
 		return amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock was taken over by another writer")
 	case err != nil:
 		return nil
@@ -144,16 +146,16 @@ func (l *s3Lease) Holder() string { return l.token }
 
 // Lost checks with the store that lock.json still holds our token.
 func (l *s3Lease) Lost() error {
-	if lost := l.lostErr(); lost != nil {
+	if lost := l.LostErr(); lost != nil {
 		return lost
 	}
 	cur, _, err := l.s.readLock(context.Background())
-	if err != nil && !errors.Is(err, ErrNotExist) {
+	if err != nil && !errors.Is(err, store.ErrNotExist) {
 		return fmt.Errorf("check lock: %w", err)
 	}
 	if err != nil || cur.Token != l.token {
 		err := amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock no longer holds this writer's token")
-		l.setLost(err)
+		l.SetLost(err)
 		return err
 	}
 	return nil
@@ -161,7 +163,7 @@ func (l *s3Lease) Lost() error {
 
 // Release deletes lock.json if it still holds our token.
 func (l *s3Lease) Release(ctx context.Context) error {
-	l.halt()
+	l.Halt()
 	if err := l.Lost(); err != nil {
 		return err
 	}
@@ -169,7 +171,7 @@ func (l *s3Lease) Release(ctx context.Context) error {
 	etag := l.etag
 	l.mu.Unlock()
 	_, err := l.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.s.Bucket, Key: aws.String(l.s.key(lockKey)), IfMatch: aws.String(etag)})
-	if err != nil && !errors.Is(l.s.wrap("", "", err), ErrNotExist) {
+	if err != nil && !errors.Is(l.s.wrap("", "", err), store.ErrNotExist) {
 		return l.s.wrap("delete", l.s.key(lockKey), err)
 	}
 	return nil

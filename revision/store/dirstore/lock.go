@@ -1,4 +1,4 @@
-package revision
+package dirstore
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/amlfs/amlfs/revision/store"
 
 	"golang.org/x/sys/unix"
 
@@ -29,7 +31,7 @@ func (s *FSStore) conflict(detail string) error {
 }
 
 // Lock takes the lease.
-func (s *FSStore) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (Lease, error) {
+func (s *FSStore) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (store.Lease, error) {
 	if err := os.MkdirAll(s.Base, 0o700); err != nil {
 		return nil, err
 	}
@@ -49,8 +51,8 @@ func (s *FSStore) Lock(ctx context.Context, onLost func(error), dead func(holder
 	if err != nil {
 		return nil, err
 	}
-	l := &fsLease{leaseState: newLeaseState(onLost), path: lp, holder: holder, ino: st.Ino, mtime: st.Mtim}
-	l.start(s.LockRefresh, func() error {
+	l := &fsLease{Heartbeat: store.NewHeartbeat(onLost), path: lp, holder: holder, ino: st.Ino, mtime: st.Mtim}
+	l.Start(s.LockRefresh, func() error {
 		if err := l.check(); err != nil {
 			return err
 		}
@@ -105,7 +107,7 @@ func (s *FSStore) takeOver(lp string, dead func(string) bool) error {
 }
 
 type fsLease struct {
-	*leaseState
+	*store.Heartbeat
 	path   string
 	holder string
 
@@ -154,14 +156,14 @@ func (l *fsLease) touch() error {
 func (l *fsLease) Holder() string { return l.holder }
 
 func (l *fsLease) Lost() error {
-	if err := l.lostErr(); err != nil {
+	if err := l.LostErr(); err != nil {
 		return err
 	}
 	return l.check()
 }
 
 func (l *fsLease) Release(ctx context.Context) error {
-	l.halt()
+	l.Halt()
 	if err := l.Lost(); err != nil {
 		return err
 	}

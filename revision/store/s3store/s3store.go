@@ -1,4 +1,4 @@
-package revision
+package s3store
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
@@ -22,8 +25,8 @@ import (
 	"github.com/amlfs/amlfs/s3client"
 )
 
-// DefaultS3Prefix is AML's default key prefix for S3 workspaces.
-const DefaultS3Prefix = "aml/workspaces"
+// DefaultPrefix is AML's default key prefix for S3 workspaces.
+const DefaultPrefix = "aml/workspaces"
 
 // S3Store is the S3 store: ROOT is the key prefix PREFIX/seg(id)/.
 type S3Store struct {
@@ -39,9 +42,9 @@ type S3Store struct {
 	Now      func() time.Time
 }
 
-// NewS3Store returns the S3 store of workspace id under bucket/prefix.
-func NewS3Store(client *s3.Client, bucket, prefix, id string) (*S3Store, error) {
-	seg, err := Seg(id)
+// New returns the S3 store of workspace id under bucket/prefix.
+func New(client *s3.Client, bucket, prefix, id string) (*S3Store, error) {
+	seg, err := format.Seg(id)
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +61,7 @@ func (s *S3Store) root() string {
 
 // key is k's full key; a foreign key's is in its workspace's root.
 func (s *S3Store) key(k string) string {
-	if seg, rest, ok := splitForeign(k); ok {
+	if seg, rest, ok := store.SplitForeign(k); ok {
 		o := *s
 		o.Seg = seg
 		return o.root() + rest
@@ -67,8 +70,8 @@ func (s *S3Store) key(k string) string {
 }
 
 // Sibling returns the store of workspace id under the same prefix.
-func (s *S3Store) Sibling(id string) (Store, error) {
-	seg, err := Seg(id)
+func (s *S3Store) Sibling(id string) (store.Store, error) {
+	seg, err := format.Seg(id)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +81,7 @@ func (s *S3Store) Sibling(id string) (Store, error) {
 }
 
 // Foreign returns key as the workspace's siblings name it.
-func (s *S3Store) Foreign(key string) string { return foreign(s.Seg, key) }
+func (s *S3Store) Foreign(key string) string { return store.ForeignKey(s.Seg, key) }
 
 func (s *S3Store) String() string {
 	return "s3://" + s.Bucket + "/" + strings.TrimSuffix(s.root(), "/")
@@ -92,9 +95,9 @@ func (s *S3Store) wrap(op, key string, err error) error {
 		// Not "no index yet": a new workspace needs a bucket.
 		return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3client.Explain(s.Bucket, err))
 	case s3client.IsNotFound(err):
-		return fmt.Errorf("%w: s3://%s/%s", ErrNotExist, s.Bucket, key)
+		return fmt.Errorf("%w: s3://%s/%s", store.ErrNotExist, s.Bucket, key)
 	case s3client.IsPrecondition(err):
-		return fmt.Errorf("%w: s3://%s/%s", ErrPrecondition, s.Bucket, key)
+		return fmt.Errorf("%w: s3://%s/%s", store.ErrPrecondition, s.Bucket, key)
 	}
 	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3client.Explain(s.Bucket, err))
 }
@@ -105,7 +108,7 @@ func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, str
 		return nil, "", s.wrap("get", key, err)
 	}
 	defer out.Body.Close()
-	data, err := ReadAllLimited(out.Body, limit, key)
+	data, err := store.ReadAllLimited(out.Body, limit, key)
 	if err != nil {
 		return nil, "", err
 	}
@@ -113,13 +116,13 @@ func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, str
 }
 
 func (s *S3Store) ReadIndex(ctx context.Context) ([]byte, string, error) {
-	return s.get(ctx, s.key(IndexKey), MaxIndexBytes)
+	return s.get(ctx, s.key(format.IndexKey), format.MaxIndexBytes)
 }
 
 // PublishIndex writes workspace.json with If-Match on the observed ETag, or
 // If-None-Match: * when there was none.
 func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
-	in := &s3.PutObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(IndexKey)), Body: bytes.NewReader(data),
+	in := &s3.PutObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(format.IndexKey)), Body: bytes.NewReader(data),
 		ContentLength: aws.Int64(int64(len(data))), ContentType: aws.String("application/json")}
 	if prev == "" {
 		in.IfNoneMatch = aws.String("*")
@@ -129,7 +132,7 @@ func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	out, err := s.Client.PutObject(ctx, in)
 	if err != nil {
 		err = s.wrap("put", *in.Key, err)
-		if errors.Is(err, ErrPrecondition) {
+		if errors.Is(err, store.ErrPrecondition) {
 			// The SDK retries a PUT whose response was lost; if the first
 			// attempt landed, the retry fails its own precondition. That
 			// is our publication, not another writer's: the index holds
@@ -209,7 +212,7 @@ func (s *S3Store) deletePrefix(ctx context.Context, prefix string) error {
 }
 
 func (s *S3Store) Remove(ctx context.Context, key string) error {
-	if IsForeign(key) {
+	if store.IsForeign(key) {
 		return fmt.Errorf("remove %s: another workspace's object", key)
 	}
 	if strings.HasSuffix(key, "/") {
@@ -236,7 +239,7 @@ func (s *S3Store) Destroy(ctx context.Context) error {
 	return s.deletePrefix(ctx, s.root())
 }
 
-func (s *S3Store) Stage(ctx context.Context, key string) (Stager, error) {
+func (s *S3Store) Stage(ctx context.Context, key string) (store.Stager, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, s.Parallel))
 	return &s3Stager{s: s, key: key, folder: strings.HasSuffix(key, "/"), g: g, gctx: gctx}, nil
@@ -269,7 +272,7 @@ func (st *s3Stager) objectKey(name string) (string, error) {
 		}
 		return st.s.key(st.key), nil
 	}
-	if err := ValidPath(name); err != nil {
+	if err := format.ValidPath(name); err != nil {
 		return "", err
 	}
 	return st.s.key(st.key + name), nil
@@ -307,7 +310,7 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 		return err
 	}
 	if st.folder && name == "manifest.json" {
-		data, err := ReadAllLimited(r, max(size, MaxManifestBytes), name)
+		data, err := store.ReadAllLimited(r, max(size, format.MaxManifestBytes), name)
 		if err != nil {
 			return err
 		}
@@ -343,14 +346,14 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 		}
 		return st.put(ctx, key, tmp, size)
 	}
-	data, err := ReadAllLimited(r, size, name)
+	data, err := store.ReadAllLimited(r, size, name)
 	if err != nil {
 		return err
 	}
 	return st.put(ctx, key, bytes.NewReader(data), size)
 }
 
-func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done func(stamp)) error {
+func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp)) error {
 	key, err := st.objectKey(name)
 	if err != nil {
 		f.Close()
@@ -370,17 +373,17 @@ func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done f
 
 // putStable uploads f's bytes at one instant (readStable) to key, and
 // reports them landed under name.
-func (st *s3Stager) putStable(name, key string, f *os.File) (stamp, error) {
-	stp, err := readStable(f, func(size int64, attempt int) error {
+func (st *s3Stager) putStable(name, key string, f *os.File) (store.Stamp, error) {
+	stp, err := store.ReadStable(f, func(size int64, attempt int) error {
 		// A retry replaces the object our earlier try wrote: the key is
 		// under this save's own new revision.
 		return st.putObject(st.gctx, key, io.NewSectionReader(f, 0, size), size, attempt == 0, false)
 	})
 	if err != nil {
-		return stamp{}, err
+		return store.Stamp{}, err
 	}
 	if st.landed != nil {
-		st.landed(name, int64(stp.size))
+		st.landed(name, int64(stp.Size))
 	}
 	return stp, nil
 }
@@ -440,7 +443,7 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 				return nil
 			}
 			st.disown(key)
-			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
+			return fmt.Errorf("%w: s3://%s/%s", store.ErrExist, st.s.Bucket, key)
 		}
 		return st.s.wrap("put", key, err)
 	}
@@ -450,15 +453,15 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 	return nil
 }
 
-func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*stamp)) error {
+func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp)) error {
 	key, err := st.objectKey(name)
 	if err != nil {
-		closeLocal(local)
+		store.CloseLocal(local)
 		return err
 	}
 	src := s3client.CopySource(st.s.Bucket, st.s.key(fromKey))
 	st.g.Go(func() error {
-		defer closeLocal(local)
+		defer store.CloseLocal(local)
 		st.expect(key)
 		_, err := st.s.Client.CopyObject(st.gctx, &s3.CopyObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key),
 			CopySource: aws.String(src), IfNoneMatch: aws.String("*")})
@@ -469,12 +472,12 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 			return nil
 		case s3client.IsPrecondition(err):
 			st.disown(key)
-			return fmt.Errorf("%w: s3://%s/%s", ErrExist, st.s.Bucket, key)
+			return fmt.Errorf("%w: s3://%s/%s", store.ErrExist, st.s.Bucket, key)
 		case s3client.IsNotFound(err):
 			// The base revision was pruned: write the bytes from the
 			// tree.
 			if local == nil {
-				return baseGone(fromKey)
+				return store.BaseGone(fromKey)
 			}
 			stp, err := st.putStable(name, key, local)
 			if err != nil {

@@ -1,13 +1,13 @@
-package revision
+package store
 
 import (
 	"sync"
 	"time"
 )
 
-// leaseState is the bookkeeping both stores' leases share: a heartbeat
+// Heartbeat is the bookkeeping both stores' leases share: a heartbeat
 // goroutine, and the first loss, reported once.
-type leaseState struct {
+type Heartbeat struct {
 	onLost func(error)
 	done   chan struct{}
 	stop   sync.Once
@@ -17,13 +17,13 @@ type leaseState struct {
 	lost error // GUARDED_BY(mu)
 }
 
-func newLeaseState(onLost func(error)) *leaseState {
-	return &leaseState{onLost: onLost, done: make(chan struct{})}
+func NewHeartbeat(onLost func(error)) *Heartbeat {
+	return &Heartbeat{onLost: onLost, done: make(chan struct{})}
 }
 
 // start runs tick every interval until halt; a tick that returns an error
 // marks the lease lost and ends the heartbeat.
-func (s *leaseState) start(interval time.Duration, tick func() error) {
+func (s *Heartbeat) Start(interval time.Duration, tick func() error) {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -36,7 +36,7 @@ func (s *leaseState) start(interval time.Duration, tick func() error) {
 			case <-t.C:
 			}
 			if err := tick(); err != nil {
-				s.setLost(err)
+				s.SetLost(err)
 				return
 			}
 		}
@@ -44,7 +44,7 @@ func (s *leaseState) start(interval time.Duration, tick func() error) {
 }
 
 // setLost records the first loss and reports it.
-func (s *leaseState) setLost(err error) {
+func (s *Heartbeat) SetLost(err error) {
 	s.mu.Lock()
 	first := s.lost == nil
 	if first {
@@ -56,14 +56,14 @@ func (s *leaseState) setLost(err error) {
 	}
 }
 
-func (s *leaseState) lostErr() error {
+func (s *Heartbeat) LostErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lost
 }
 
 // halt stops the heartbeat and waits for it.
-func (s *leaseState) halt() {
+func (s *Heartbeat) Halt() {
 	s.stop.Do(func() { close(s.done) })
 	s.wg.Wait()
 }

@@ -1,4 +1,4 @@
-package revision
+package dirstore
 
 import (
 	"context"
@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
@@ -29,9 +32,9 @@ type FSStore struct {
 	LockRefresh, LockStale time.Duration
 }
 
-// NewFSStore returns the filesystem store of workspace id under base.
-func NewFSStore(base, id string) (*FSStore, error) {
-	seg, err := Seg(id)
+// New returns the filesystem store of workspace id under base.
+func New(base, id string) (*FSStore, error) {
+	seg, err := format.Seg(id)
 	if err != nil {
 		return nil, err
 	}
@@ -49,15 +52,15 @@ func (s *FSStore) path(key string) string {
 // locate splits key's file into the directory it must lie beneath and the
 // path below it: the root, or for a foreign key the base.
 func (s *FSStore) locate(key string) (dir, rel string) {
-	if seg, rest, ok := splitForeign(key); ok {
+	if seg, rest, ok := store.SplitForeign(key); ok {
 		return s.Base, filepath.Join(seg, filepath.FromSlash(rest))
 	}
 	return s.root(), filepath.FromSlash(key)
 }
 
 // Sibling returns the store of workspace id under the same base.
-func (s *FSStore) Sibling(id string) (Store, error) {
-	o, err := NewFSStore(s.Base, id)
+func (s *FSStore) Sibling(id string) (store.Store, error) {
+	o, err := New(s.Base, id)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +69,7 @@ func (s *FSStore) Sibling(id string) (Store, error) {
 }
 
 // Foreign returns key as the workspace's siblings name it.
-func (s *FSStore) Foreign(key string) string { return foreign(s.Seg, key) }
+func (s *FSStore) Foreign(key string) string { return store.ForeignKey(s.Seg, key) }
 func (s *FSStore) String() string            { return "file://" + s.root() }
 
 func version(data []byte) string {
@@ -76,18 +79,18 @@ func version(data []byte) string {
 
 func notExist(err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: %v", ErrNotExist, err)
+		return fmt.Errorf("%w: %v", store.ErrNotExist, err)
 	}
 	return err
 }
 
 func (s *FSStore) ReadIndex(ctx context.Context) ([]byte, string, error) {
-	f, err := s.openObject(IndexKey)
+	f, err := s.openObject(format.IndexKey)
 	if err != nil {
 		return nil, "", err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxIndexBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, format.MaxIndexBytes+1))
 	if err != nil {
 		return nil, "", err
 	}
@@ -107,15 +110,15 @@ func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	defer unlock()
 	_, curVer, err := s.ReadIndex(ctx)
 	switch {
-	case errors.Is(err, ErrNotExist):
+	case errors.Is(err, store.ErrNotExist):
 		if prev != "" {
-			return "", fmt.Errorf("%w: %s disappeared", ErrPrecondition, IndexKey)
+			return "", fmt.Errorf("%w: %s disappeared", store.ErrPrecondition, format.IndexKey)
 		}
 	case err != nil:
 		return "", err
 	default:
 		if curVer != prev {
-			return "", fmt.Errorf("%w: %s was replaced by another writer", ErrPrecondition, IndexKey)
+			return "", fmt.Errorf("%w: %s was replaced by another writer", store.ErrPrecondition, format.IndexKey)
 		}
 	}
 	// The temporary file goes in the staging directory, so that a crash
@@ -123,7 +126,7 @@ func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	if err := os.MkdirAll(s.path(stagingDir), 0o700); err != nil {
 		return "", err
 	}
-	if err := atomicfile.Write(s.path(IndexKey), s.path(stagingDir), data, 0o600); err != nil {
+	if err := atomicfile.Write(s.path(format.IndexKey), s.path(stagingDir), data, 0o600); err != nil {
 		return "", err
 	}
 	return version(data), nil
@@ -211,7 +214,7 @@ func (s *FSStore) realDirs() error {
 // leaves revisions/ at once, whole; a crash while its files are deleted
 // leaves the rest where the next save's cleanup looks.
 func (s *FSStore) Remove(ctx context.Context, key string) error {
-	if IsForeign(key) {
+	if store.IsForeign(key) {
 		return fmt.Errorf("remove %s: another workspace's object", key)
 	}
 	if err := s.realDirs(); err != nil {
@@ -265,7 +268,7 @@ func (s *FSStore) Destroy(ctx context.Context) error {
 
 const stagingDir = ".amlfs-staging"
 
-func (s *FSStore) Stage(ctx context.Context, key string) (Stager, error) {
+func (s *FSStore) Stage(ctx context.Context, key string) (store.Stager, error) {
 	if err := s.realDirs(); err != nil {
 		return nil, err
 	}
@@ -309,7 +312,7 @@ func (st *fsStager) target(name string) (string, error) {
 		}
 		return st.tmp, nil
 	}
-	if err := ValidPath(name); err != nil {
+	if err := format.ValidPath(name); err != nil {
 		return "", err
 	}
 	p := filepath.Join(st.tmp, filepath.FromSlash(name))
@@ -344,7 +347,7 @@ func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return err
 }
 
-func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done func(stamp)) error {
+func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp)) error {
 	defer f.Close()
 	p, err := st.target(name)
 	if err != nil {
@@ -356,7 +359,7 @@ func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done f
 	if fi, err := f.Stat(); err == nil {
 		perm = fi.Mode().Perm()&0o700 | 0o600
 	}
-	stp, err := readStable(f, func(size int64, attempt int) error {
+	stp, err := store.ReadStable(f, func(size int64, attempt int) error {
 		flags := os.O_WRONLY | os.O_CREATE | os.O_EXCL
 		if attempt > 0 {
 			flags = os.O_WRONLY | os.O_CREATE | os.O_TRUNC // our own earlier try
@@ -365,7 +368,7 @@ func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done f
 		if err != nil {
 			return err
 		}
-		_, err = copyExactly(out, f, size)
+		_, err = store.CopyExactly(out, f, size)
 		if cerr := out.Close(); err == nil {
 			err = cerr
 		}
@@ -374,30 +377,30 @@ func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done f
 	if err != nil {
 		return err
 	}
-	st.landed(name, int64(stp.size))
+	st.landed(name, int64(stp.Size))
 	done(stp)
 	return nil
 }
 
 func (st *fsStager) Flush(ctx context.Context) error { return nil }
 
-func (st *fsStager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*stamp)) error {
+func (st *fsStager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp)) error {
 	p, err := st.target(name)
 	if err != nil {
-		closeLocal(local)
+		store.CloseLocal(local)
 		return err
 	}
 	if err := os.Link(st.s.path(fromKey), p); errors.Is(err, os.ErrNotExist) {
 		// The base revision was pruned: write the bytes from the tree.
 		if local == nil {
-			return baseGone(fromKey)
+			return store.BaseGone(fromKey)
 		}
-		return st.PutFile(ctx, name, local, func(stp stamp) { done(&stp) })
+		return st.PutFile(ctx, name, local, func(stp store.Stamp) { done(&stp) })
 	} else if err != nil {
-		closeLocal(local)
+		store.CloseLocal(local)
 		return err
 	}
-	closeLocal(local)
+	store.CloseLocal(local)
 	st.landed(name, 0)
 	done(nil)
 	return nil
@@ -418,7 +421,7 @@ func (st *fsStager) Commit(ctx context.Context) error {
 	dst := st.s.path(strings.TrimSuffix(st.key, "/"))
 	if err := unix.Renameat2(unix.AT_FDCWD, st.tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
-			return fmt.Errorf("%w: %s", ErrExist, st.key)
+			return fmt.Errorf("%w: %s", store.ErrExist, st.key)
 		}
 		return &os.PathError{Op: "rename", Path: dst, Err: err}
 	}
@@ -428,18 +431,6 @@ func (st *fsStager) Commit(ctx context.Context) error {
 
 func (st *fsStager) Abort(ctx context.Context) error {
 	return os.RemoveAll(st.tmp)
-}
-
-// ReadAllLimited reads at most limit bytes of an object; more is an error.
-func ReadAllLimited(r io.Reader, limit int64, what string) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s is over the %d byte limit", what, limit)
-	}
-	return data, nil
 }
 
 // SameObject reports whether keys a and b are one file (a revision reuses

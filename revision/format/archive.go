@@ -1,0 +1,217 @@
+package format
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// An ArchiveWriter writes AML's archive format: a gzip-compressed tar
+// rooted at ".", holding only directories and regular files, within
+// Limits.ArchiveBytes of compressed bytes.
+type ArchiveWriter struct {
+	cw  *countingWriter
+	gz  *gzip.Writer
+	tw  *tar.Writer
+	now time.Time
+}
+
+// NewArchiveWriter starts an archive on w with its root member.
+func NewArchiveWriter(w io.Writer, lim Limits) (*ArchiveWriter, error) {
+	lim = lim.OrDefault()
+	a := &ArchiveWriter{cw: &countingWriter{w: w, limit: lim.ArchiveBytes}, now: time.Now()}
+	a.gz = gzip.NewWriter(a.cw)
+	a.tw = tar.NewWriter(a.gz)
+	err := a.tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: a.now, Format: tar.FormatPAX})
+	return a, err
+}
+
+func (a *ArchiveWriter) header(e TreeEntry) *tar.Header {
+	mtime := a.now
+	if e.Mtime != 0 {
+		mtime = e.Mtime.Time()
+	}
+	return &tar.Header{Name: "./" + e.Path, Mode: int64(e.Mode), ModTime: mtime, Format: tar.FormatPAX}
+}
+
+// Dir adds the directory e.
+func (a *ArchiveWriter) Dir(e TreeEntry) error {
+	hdr := a.header(e)
+	hdr.Name += "/"
+	hdr.Typeflag = tar.TypeDir
+	return a.tw.WriteHeader(hdr)
+}
+
+// File adds the regular file e, whose e.Size bytes r gives; fewer is an
+// error.
+func (a *ArchiveWriter) File(e TreeEntry, r io.Reader) error {
+	hdr := a.header(e)
+	hdr.Typeflag = tar.TypeReg
+	hdr.Size = e.Size
+	if err := a.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	n, err := io.Copy(a.tw, io.LimitReader(r, e.Size))
+	if err == nil && n != e.Size {
+		err = fmt.Errorf("%s: %d of %d bytes", e.Path, n, e.Size)
+	}
+	return err
+}
+
+// Close ends the archive; it returns the compressed bytes written.
+func (a *ArchiveWriter) Close() (int64, error) {
+	if err := a.tw.Close(); err != nil {
+		return a.cw.n, err
+	}
+	err := a.gz.Close()
+	return a.cw.n, err
+}
+
+// Written is the compressed bytes written so far.
+func (a *ArchiveWriter) Written() int64 { return a.cw.n }
+
+type countingWriter struct {
+	w     io.Writer
+	n     int64
+	limit int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.n+int64(len(p)) > c.limit {
+		return 0, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", c.limit, limitHint)
+	}
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// archiveName turns a tar member name into a revision path: "" for the root,
+// or an error for anything absolute, traversing or otherwise unsafe.
+func archiveName(name string) (string, error) {
+	if strings.ContainsRune(name, 0) {
+		return "", fmt.Errorf("member %q contains NUL", name)
+	}
+	if strings.HasPrefix(name, "/") {
+		return "", fmt.Errorf("member %q is an absolute path", name)
+	}
+	p := strings.TrimSuffix(name, "/")
+	for p == "." || strings.HasPrefix(p, "./") {
+		p = strings.TrimPrefix(strings.TrimPrefix(p, "."), "/")
+	}
+	if p == "" {
+		return "", nil
+	}
+	if err := ValidPath(p); err != nil {
+		return "", fmt.Errorf("member %q: %w", name, err)
+	}
+	return p, nil
+}
+
+// limitedReader fails once more than n bytes have been read from r.
+type limitedReader struct {
+	r     io.Reader
+	n     int64
+	limit int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	n, err := l.r.Read(p)
+	l.n += int64(n)
+	if l.n > l.limit {
+		return n, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", l.limit, limitHint)
+	}
+	return n, err
+}
+
+// ReadArchive reads an archive revision and validates it: every member
+// name, type and size, the entry and byte limits, and the gzip and tar
+// framing to the end. It returns the tree entries. each, when not nil,
+// is called with every entry as it is read, and for a file with a reader
+// of its bytes (nil for a directory); an error from each ends the read.
+// subject names the archive in errors.
+func ReadArchive(r io.Reader, subject string, lim Limits, each func(e TreeEntry, content io.Reader) error) ([]TreeEntry, error) {
+	lim = lim.OrDefault()
+	bad := func(err error) error { return amlerr.Wrap(amlerr.InvalidStore, subject, err) }
+	gz, err := gzip.NewReader(&limitedReader{r: r, limit: lim.ArchiveBytes})
+	if err != nil {
+		return nil, bad(fmt.Errorf("not a gzip stream: %w", err))
+	}
+	defer gz.Close()
+	tr := tar.NewReader(gz)
+	var (
+		entries []TreeEntry
+		seen    = map[string]bool{}
+		total   int64
+	)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if amlerr.Code(err) != "" {
+				return nil, err
+			}
+			return nil, bad(fmt.Errorf("corrupt archive: %w", err))
+		}
+		p, err := archiveName(hdr.Name)
+		if err != nil {
+			return nil, bad(err)
+		}
+		if p == "" {
+			if hdr.Typeflag != tar.TypeDir {
+				return nil, bad(fmt.Errorf("root member %q is not a directory", hdr.Name))
+			}
+			continue
+		}
+		if seen[p] {
+			return nil, bad(fmt.Errorf("duplicate member %q", p))
+		}
+		seen[p] = true
+		e := TreeEntry{Path: p, Mode: uint32(hdr.Mode) & 0o777}
+		if !hdr.ModTime.IsZero() {
+			e.Mtime = MtimeOf(hdr.ModTime)
+		}
+		var content io.Reader
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			e.Type = TypeDir
+		case tar.TypeReg, tar.TypeRegA:
+			e.Type = TypeFile
+			e.Size = hdr.Size
+			if e.Size < 0 {
+				return nil, bad(fmt.Errorf("member %q has negative size", p))
+			}
+			total += e.Size
+			content = tr
+		default:
+			return nil, bad(fmt.Errorf("member %q has type %q; only files and directories are allowed", p, hdr.Typeflag))
+		}
+		entries = append(entries, e)
+		if err := lim.Check(subject, len(entries), total); err != nil {
+			return nil, err
+		}
+		if each != nil {
+			if err := each(e, content); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// Drain the gzip stream so trailing garbage and checksum errors surface.
+	if _, err := io.Copy(io.Discard, gz); err != nil {
+		if amlerr.Code(err) != "" {
+			return nil, err
+		}
+		return nil, bad(fmt.Errorf("corrupt archive: %w", err))
+	}
+	if err := ValidateEntries(subject, entries, lim); err != nil {
+		return nil, err
+	}
+	return entries, nil
+}
