@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,163 +23,153 @@ func inodeOf(t *testing.T, p string) uint64 {
 	return st.Ino
 }
 
-func readManifest(t *testing.T, base, id string, e format.Entry) *format.Manifest {
-	t.Helper()
-	seg, _ := format.Seg(id)
-	data, err := os.ReadFile(filepath.Join(base, seg, filepath.FromSlash(e.Path), "manifest.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := format.ParseManifest("m", data, format.DefaultLimits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
 // TestFork: a workspace forked from another's revision restores it (lazily
 // or not), and its first save hard-links every unchanged file from the
 // source's revision, records the source in the manifest, and leaves the
 // source as it was; later the source may prune that revision.
 func TestFork(t *testing.T) {
-	for _, lazy := range []bool{false, true} {
-		t.Run(fmt.Sprint("lazy=", lazy), func(t *testing.T) {
-			ctx := context.Background()
-			base, src := t.TempDir(), t.TempDir()
-			files := map[string]string{}
-			for i := range 20 {
-				files[fmt.Sprintf("d%d/f%d.txt", i%4, i)] = strings.Repeat("x", i+1)
-			}
-			writeTree(t, src, files)
-			a := openWS(t, base, "base", Options{Retention: 1, LazyRestore: lazy})
-			first, err := a.Save(ctx, src, format.Selection{}, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := openWS(t, base, "fork one", Options{Retention: 1, LazyRestore: lazy})
-			dir := filepath.Join(t.TempDir(), "w")
-			if _, err := b.RestoreFork(ctx, "base", "", dir, format.Selection{}); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.populateAll(ctx); err != nil { // what FUSE would ask for
-				t.Fatal(err)
-			}
-			if err := b.Ensure(ctx, "d1/f5.txt"); err != nil {
-				t.Fatal(err)
-			}
-			if got, err := os.ReadFile(filepath.Join(dir, "d1/f5.txt")); err != nil || string(got) != files["d1/f5.txt"] {
-				t.Fatalf("forked tree: %q %v", got, err)
-			}
-			if err := b.Ensure(ctx, "d0/f0.txt"); err != nil { // as FUSE does before a write
-				t.Fatal(err)
-			}
-			os.WriteFile(filepath.Join(dir, "d0/f0.txt"), []byte("changed"), 0o644)
-			res, err := b.Save(ctx, dir, format.Selection{}, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Uploaded != 1 || res.Reused != 19 {
-				t.Errorf("fork's first save: uploaded %d, reused %d", res.Uploaded, res.Reused)
-			}
-			m := readManifest(t, base, "fork one", res.Entry)
-			if m.Ext == nil || m.Ext.Fork == nil || *m.Ext.Fork != (format.ForkOrigin{ID: "base", Revision: first.Entry.ID}) {
-				t.Errorf("fork record: %+v", m.Ext)
-			}
-			aSeg, _ := format.Seg("base")
-			bSeg, _ := format.Seg("fork one")
-			if inodeOf(t, filepath.Join(base, aSeg, "revisions", first.Entry.ID, "files/d2/f6.txt")) != inodeOf(t, filepath.Join(base, bSeg, "revisions", res.Entry.ID, "files/d2/f6.txt")) {
-				t.Errorf("an unchanged file was not hard-linked from the source")
-			}
-			if a.Index().Current != first.Entry.ID || len(a.Index().Revisions) != 1 {
-				t.Errorf("the source changed: %+v", a.Index())
-			}
-			// The source moves on and prunes the forked revision; the
-			// fork keeps its own copies, and a second save records no
-			// fork.
-			writeTree(t, src, map[string]string{"new.txt": "n"})
-			if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := os.Stat(filepath.Join(base, aSeg, "revisions", first.Entry.ID)); !os.IsNotExist(err) {
-				t.Fatalf("the source did not prune: %v", err)
-			}
-			again := filepath.Join(t.TempDir(), "w")
-			if _, err := b.Restore(ctx, "current", again, format.Selection{}); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.populateAll(ctx); err != nil {
-				t.Fatal(err)
-			}
-			for p := range files {
-				if err := b.Ensure(ctx, p); err != nil {
+	forStores(t, func(t *testing.T, sk string) {
+		for _, lazy := range []bool{false, true} {
+			t.Run(fmt.Sprint("lazy=", lazy), func(t *testing.T) {
+				ctx := context.Background()
+				base, src := newBase(t, sk), t.TempDir()
+				files := map[string]string{}
+				for i := range 20 {
+					files[fmt.Sprintf("d%d/f%d.txt", i%4, i)] = strings.Repeat("x", i+1)
+				}
+				writeTree(t, src, files)
+				a := openWS(t, base, "base", Options{Retention: 1, LazyRestore: lazy})
+				first, err := a.Save(ctx, src, format.Selection{}, "")
+				if err != nil {
 					t.Fatal(err)
 				}
-			}
-			for p, want := range files {
-				if p == "d0/f0.txt" {
-					want = "changed"
+				b := openWS(t, base, "fork one", Options{Retention: 1, LazyRestore: lazy})
+				dir := filepath.Join(t.TempDir(), "w")
+				if _, err := b.RestoreFork(ctx, "base", "", dir, format.Selection{}); err != nil {
+					t.Fatal(err)
 				}
-				if got, err := os.ReadFile(filepath.Join(again, p)); err != nil || string(got) != want {
-					t.Errorf("fork after the source pruned: %s = %q, %v", p, got, err)
+				if err := b.populateAll(ctx); err != nil { // what FUSE would ask for
+					t.Fatal(err)
 				}
-			}
-			os.WriteFile(filepath.Join(again, "x"), []byte("x"), 0o644)
-			res2, err := b.Save(ctx, again, format.Selection{}, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if m := readManifest(t, base, "fork one", res2.Entry); m.Ext != nil && m.Ext.Fork != nil {
-				t.Errorf("a later save records the fork again: %+v", m.Ext.Fork)
-			}
-		})
-	}
+				if err := b.Ensure(ctx, "d1/f5.txt"); err != nil {
+					t.Fatal(err)
+				}
+				if got, err := os.ReadFile(filepath.Join(dir, "d1/f5.txt")); err != nil || string(got) != files["d1/f5.txt"] {
+					t.Fatalf("forked tree: %q %v", got, err)
+				}
+				if err := b.Ensure(ctx, "d0/f0.txt"); err != nil { // as FUSE does before a write
+					t.Fatal(err)
+				}
+				os.WriteFile(filepath.Join(dir, "d0/f0.txt"), []byte("changed"), 0o644)
+				res, err := b.Save(ctx, dir, format.Selection{}, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Uploaded != 1 || res.Reused != 19 {
+					t.Errorf("fork's first save: uploaded %d, reused %d", res.Uploaded, res.Reused)
+				}
+				m := readManifest(t, base, "fork one", res.Entry)
+				if m.Ext == nil || m.Ext.Fork == nil || *m.Ext.Fork != (format.ForkOrigin{ID: "base", Revision: first.Entry.ID}) {
+					t.Errorf("fork record: %+v", m.Ext)
+				}
+				aSeg, _ := format.Seg("base")
+				bSeg, _ := format.Seg("fork one")
+				if base.dir != "" && inodeOf(t, filepath.Join(base.dir, aSeg, "revisions", first.Entry.ID, "files/d2/f6.txt")) != inodeOf(t, filepath.Join(base.dir, bSeg, "revisions", res.Entry.ID, "files/d2/f6.txt")) {
+					t.Errorf("an unchanged file was not hard-linked from the source")
+				}
+				if a.Index().Current != first.Entry.ID || len(a.Index().Revisions) != 1 {
+					t.Errorf("the source changed: %+v", a.Index())
+				}
+				// The source moves on and prunes the forked revision; the
+				// fork keeps its own copies, and a second save records no
+				// fork.
+				writeTree(t, src, map[string]string{"new.txt": "n"})
+				if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
+					t.Fatal(err)
+				}
+				if slices.Contains(base.revisions(t, "base"), first.Entry.Path) {
+					t.Fatalf("the source did not prune %s", first.Entry.Path)
+				}
+				again := filepath.Join(t.TempDir(), "w")
+				if _, err := b.Restore(ctx, "current", again, format.Selection{}); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.populateAll(ctx); err != nil {
+					t.Fatal(err)
+				}
+				for p := range files {
+					if err := b.Ensure(ctx, p); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for p, want := range files {
+					if p == "d0/f0.txt" {
+						want = "changed"
+					}
+					if got, err := os.ReadFile(filepath.Join(again, p)); err != nil || string(got) != want {
+						t.Errorf("fork after the source pruned: %s = %q, %v", p, got, err)
+					}
+				}
+				os.WriteFile(filepath.Join(again, "x"), []byte("x"), 0o644)
+				res2, err := b.Save(ctx, again, format.Selection{}, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m := readManifest(t, base, "fork one", res2.Entry); m.Ext != nil && m.Ext.Fork != nil {
+					t.Errorf("a later save records the fork again: %+v", m.Ext.Fork)
+				}
+			})
+		}
+	})
 }
 
 func TestForkRefusals(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"a": "a"})
-	a := openWS(t, base, "a", Options{})
-	if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct{ id, from, rev string }{
-		{"b1", "b1", ""},       // itself
-		{"b2", "missing", ""},  // no such workspace
-		{"b3", "a", "nope"},    // no such revision
-		{"b4", " a", ""},       // an id AML refuses
-		{"a2", "a", "current"}, // fine: checked below
-	} {
-		w := openWS(t, base, tc.id, Options{})
-		_, err := w.RestoreFork(ctx, tc.from, tc.rev, filepath.Join(t.TempDir(), "w"), format.Selection{})
-		if (err == nil) != (tc.id == "a2") {
-			t.Errorf("fork %q from %q@%q: %v", tc.id, tc.from, tc.rev, err)
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"a": "a"})
+		a := openWS(t, base, "a", Options{})
+		if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
 		}
-	}
-	// commit --fork: to a new id only, and the mounted one stays.
-	if _, err := a.SaveFork(ctx, src, format.Selection{}, "a", "", ""); err == nil {
-		t.Error("--fork to the workspace itself was taken")
-	}
-	res, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", a.Index().Current)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Reused != 1 || res.Uploaded != 0 {
-		t.Errorf("commit --fork of an unchanged tree: uploaded %d, reused %d", res.Uploaded, res.Reused)
-	}
-	if m := readManifest(t, base, "c", res.Entry); m.Ext == nil || m.Ext.Fork == nil || m.Ext.Fork.ID != "a" || m.Ext.Fork.Revision != a.Index().Current {
-		t.Errorf("commit --fork record: %+v", m.Ext)
-	}
-	if _, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", ""); err == nil {
-		t.Error("--fork to an existing workspace was taken")
-	}
-	// The fork's lease was released: it can be opened.
-	c := openWS(t, base, "c", Options{})
-	if c.Index() == nil || c.Index().Current != res.Entry.ID {
-		t.Errorf("fork's index: %+v", c.Index())
-	}
-	data, _ := json.Marshal(a.Index())
-	if !strings.Contains(string(data), a.Index().Current) || len(a.Index().Revisions) != 1 {
-		t.Errorf("the mounted workspace changed: %s", data)
-	}
+		for _, tc := range []struct{ id, from, rev string }{
+			{"b1", "b1", ""},       // itself
+			{"b2", "missing", ""},  // no such workspace
+			{"b3", "a", "nope"},    // no such revision
+			{"b4", " a", ""},       // an id AML refuses
+			{"a2", "a", "current"}, // fine: checked below
+		} {
+			w := openWS(t, base, tc.id, Options{})
+			_, err := w.RestoreFork(ctx, tc.from, tc.rev, filepath.Join(t.TempDir(), "w"), format.Selection{})
+			if (err == nil) != (tc.id == "a2") {
+				t.Errorf("fork %q from %q@%q: %v", tc.id, tc.from, tc.rev, err)
+			}
+		}
+		// commit --fork: to a new id only, and the mounted one stays.
+		if _, err := a.SaveFork(ctx, src, format.Selection{}, "a", "", ""); err == nil {
+			t.Error("--fork to the workspace itself was taken")
+		}
+		res, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", a.Index().Current)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Reused != 1 || res.Uploaded != 0 {
+			t.Errorf("commit --fork of an unchanged tree: uploaded %d, reused %d", res.Uploaded, res.Reused)
+		}
+		if m := readManifest(t, base, "c", res.Entry); m.Ext == nil || m.Ext.Fork == nil || m.Ext.Fork.ID != "a" || m.Ext.Fork.Revision != a.Index().Current {
+			t.Errorf("commit --fork record: %+v", m.Ext)
+		}
+		if _, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", ""); err == nil {
+			t.Error("--fork to an existing workspace was taken")
+		}
+		// The fork's lease was released: it can be opened.
+		c := openWS(t, base, "c", Options{})
+		if c.Index() == nil || c.Index().Current != res.Entry.ID {
+			t.Errorf("fork's index: %+v", c.Index())
+		}
+		data, _ := json.Marshal(a.Index())
+		if !strings.Contains(string(data), a.Index().Current) || len(a.Index().Revisions) != 1 {
+			t.Errorf("the mounted workspace changed: %s", data)
+		}
+	})
 }

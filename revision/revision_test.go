@@ -43,12 +43,9 @@ func writeTree(t *testing.T, dir string, files map[string]string) {
 	}
 }
 
-func openWS(t *testing.T, base, id string, opts Options) *Workspace {
+func openWS(t *testing.T, base testBase, id string, opts Options) *Workspace {
 	t.Helper()
-	st, err := dirstore.New(base, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := base.store(t, id)
 	opts.ID = id
 	w, err := Open(context.Background(), st, opts)
 	if err != nil {
@@ -59,66 +56,65 @@ func openWS(t *testing.T, base, id string, opts Options) *Workspace {
 }
 
 func TestSaveRestoreRoundTrip(t *testing.T) {
-	for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
-		t.Run(kind, func(t *testing.T) {
-			ctx := context.Background()
-			base, src := t.TempDir(), t.TempDir()
-			writeTree(t, src, map[string]string{
-				"a/b/c.txt":     "hello",
-				"empty/":        "",
-				"run.sh":        "#!/bin/sh\n",
-				"build/out.o":   "junk",
-				".gitignore":    "build/\n*.log\n",
-				"x.log":         "log",
-				"keep/.gitkeep": "",
-			})
-			os.Chmod(filepath.Join(src, "run.sh"), 0o755)
-			w := openWS(t, base, "ws 1", Options{Format: kind, Retention: 2})
-			res, err := w.Save(ctx, src, format.Selection{}, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The index follows AML's rules.
-			data, err := os.ReadFile(filepath.Join(base, "ws%201", "workspace.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			idx, err := format.ParseIndex(data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if idx.Current != res.Entry.ID || len(idx.Revisions) != 1 || idx.Revisions[0].Format != kind {
-				t.Fatalf("index %s", data)
-			}
-			if !strings.HasPrefix(string(data), `{"current":"`) || !strings.HasSuffix(string(data), `],"version":1}`) {
-				t.Errorf("index not in AML's layout: %s", data)
-			}
-			w.Close(ctx)
+	forStores(t, func(t *testing.T, sk string) {
+		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
+			t.Run(kind, func(t *testing.T) {
+				ctx := context.Background()
+				base, src := newBase(t, sk), t.TempDir()
+				writeTree(t, src, map[string]string{
+					"a/b/c.txt":     "hello",
+					"empty/":        "",
+					"run.sh":        "#!/bin/sh\n",
+					"build/out.o":   "junk",
+					".gitignore":    "build/\n*.log\n",
+					"x.log":         "log",
+					"keep/.gitkeep": "",
+				})
+				os.Chmod(filepath.Join(src, "run.sh"), 0o755)
+				w := openWS(t, base, "ws 1", Options{Format: kind, Retention: 2})
+				res, err := w.Save(ctx, src, format.Selection{}, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The index follows AML's rules.
+				data := base.read(t, "ws 1", "workspace.json")
+				idx, err := format.ParseIndex(data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if idx.Current != res.Entry.ID || len(idx.Revisions) != 1 || idx.Revisions[0].Format != kind {
+					t.Fatalf("index %s", data)
+				}
+				if !strings.HasPrefix(string(data), `{"current":"`) || !strings.HasSuffix(string(data), `],"version":1}`) {
+					t.Errorf("index not in AML's layout: %s", data)
+				}
+				w.Close(ctx)
 
-			w2 := openWS(t, base, "ws 1", Options{Format: kind})
-			dst := filepath.Join(t.TempDir(), "work")
-			if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-				t.Fatal(err)
-			}
-			for p, want := range map[string]string{"a/b/c.txt": "hello", "run.sh": "#!/bin/sh\n", ".gitignore": "build/\n*.log\n", "keep/.gitkeep": ""} {
-				got, err := os.ReadFile(filepath.Join(dst, p))
-				if err != nil || string(got) != want {
-					t.Errorf("%s = %q, %v", p, got, err)
+				w2 := openWS(t, base, "ws 1", Options{Format: kind})
+				dst := filepath.Join(t.TempDir(), "work")
+				if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if fi, err := os.Stat(filepath.Join(dst, "run.sh")); err != nil || fi.Mode().Perm() != 0o755 {
-				t.Errorf("run.sh mode: %v %v", fi, err)
-			}
-			if fi, err := os.Stat(filepath.Join(dst, "empty")); err != nil || !fi.IsDir() {
-				t.Errorf("empty dir not restored: %v", err)
-			}
-			for _, gone := range []string{"build", "x.log"} {
-				if _, err := os.Stat(filepath.Join(dst, gone)); !os.IsNotExist(err) {
-					t.Errorf("%s should be ignored, got %v", gone, err)
+				for p, want := range map[string]string{"a/b/c.txt": "hello", "run.sh": "#!/bin/sh\n", ".gitignore": "build/\n*.log\n", "keep/.gitkeep": ""} {
+					got, err := os.ReadFile(filepath.Join(dst, p))
+					if err != nil || string(got) != want {
+						t.Errorf("%s = %q, %v", p, got, err)
+					}
 				}
-			}
-		})
-	}
+				if fi, err := os.Stat(filepath.Join(dst, "run.sh")); err != nil || fi.Mode().Perm() != 0o755 {
+					t.Errorf("run.sh mode: %v %v", fi, err)
+				}
+				if fi, err := os.Stat(filepath.Join(dst, "empty")); err != nil || !fi.IsDir() {
+					t.Errorf("empty dir not restored: %v", err)
+				}
+				for _, gone := range []string{"build", "x.log"} {
+					if _, err := os.Stat(filepath.Join(dst, gone)); !os.IsNotExist(err) {
+						t.Errorf("%s should be ignored, got %v", gone, err)
+					}
+				}
+			})
+		}
+	})
 }
 
 func TestManifestOrderAndFormat(t *testing.T) {
@@ -237,57 +233,59 @@ func TestSnapshotEntries(t *testing.T) {
 }
 
 func TestRetentionAndPrune(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	w := openWS(t, base, "r", Options{Retention: 3})
-	var ids []string
-	for i := 0; i < 5; i++ {
-		writeTree(t, src, map[string]string{"n.txt": strings.Repeat("x", i)})
-		res, err := w.Save(ctx, src, format.Selection{}, "")
-		if err != nil {
-			t.Fatal(err)
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		w := openWS(t, base, "r", Options{Retention: 3})
+		var ids []string
+		for i := 0; i < 5; i++ {
+			writeTree(t, src, map[string]string{"n.txt": strings.Repeat("x", i)})
+			res, err := w.Save(ctx, src, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, res.Entry.ID)
 		}
-		ids = append(ids, res.Entry.ID)
-	}
-	idx := w.Index()
-	if len(idx.Revisions) != 3 || idx.Revisions[0].ID != ids[4] || idx.Revisions[2].ID != ids[2] {
-		t.Fatalf("index %+v", idx)
-	}
-	ents, _ := os.ReadDir(filepath.Join(base, "r", "revisions"))
-	if len(ents) != 3 {
-		t.Errorf("revisions dir holds %d artifacts, want 3", len(ents))
-	}
+		idx := w.Index()
+		if len(idx.Revisions) != 3 || idx.Revisions[0].ID != ids[4] || idx.Revisions[2].ID != ids[2] {
+			t.Fatalf("index %+v", idx)
+		}
+		if ents := base.revisions(t, "r"); len(ents) != 3 {
+			t.Errorf("the store holds %d artifacts, want 3: %v", len(ents), ents)
+		}
+	})
 }
 
 func TestStaleWriterFails(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"a": "1"})
-	a := openWS(t, base, "s", Options{NoLock: true})
-	b := openWS(t, base, "s", Options{NoLock: true})
-	ra, err := a.Save(ctx, src, format.Selection{}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.Save(ctx, src, format.Selection{}, "")
-	if amlerr.ExitStatus(err) != amlerr.ExitConflict || !amlerr.Has(err, amlerr.PublishConflict) {
-		t.Fatalf("stale save: %v", err)
-	}
-	c := openWS(t, base, "s", Options{NoLock: true})
-	if c.Index().Current != ra.Entry.ID {
-		t.Errorf("current changed to %s", c.Index().Current)
-	}
-	ents, _ := os.ReadDir(filepath.Join(base, "s", "revisions"))
-	if len(ents) != 1 {
-		t.Errorf("orphan upload left behind: %d artifacts", len(ents))
-	}
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"a": "1"})
+		a := openWS(t, base, "s", Options{NoLock: true})
+		b := openWS(t, base, "s", Options{NoLock: true})
+		ra, err := a.Save(ctx, src, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = b.Save(ctx, src, format.Selection{}, "")
+		if amlerr.ExitStatus(err) != amlerr.ExitConflict || !amlerr.Has(err, amlerr.PublishConflict) {
+			t.Fatalf("stale save: %v", err)
+		}
+		c := openWS(t, base, "s", Options{NoLock: true})
+		if c.Index().Current != ra.Entry.ID {
+			t.Errorf("current changed to %s", c.Index().Current)
+		}
+		if ents := base.revisions(t, "s"); len(ents) != 1 {
+			t.Errorf("orphan upload left behind: %v", ents)
+		}
+	})
 }
 
 func TestLockConflictAndTakeover(t *testing.T) {
 	ctx := context.Background()
-	base := t.TempDir()
+	base := newBase(t, "dir")
 	openWS(t, base, "l", Options{})
-	st, _ := dirstore.New(base, "l")
+	st, _ := dirstore.New(base.dir, "l")
 	_, err := Open(ctx, st, Options{ID: "l"})
 	if amlerr.ExitStatus(err) != amlerr.ExitConflict || !strings.Contains(err.Error(), "AML_WORKSPACE_CONFLICT") || !strings.Contains(err.Error(), `"l"`) {
 		t.Fatalf("second lock: %v", err)
@@ -295,7 +293,7 @@ func TestLockConflictAndTakeover(t *testing.T) {
 	// A lock untouched for 21 minutes is stale and taken over; the first
 	// holder then finds its lease lost.
 	old := time.Now().Add(-21 * time.Minute)
-	os.Chtimes(filepath.Join(base, "l.lock"), old, old)
+	os.Chtimes(filepath.Join(base.dir, "l.lock"), old, old)
 	w2, err := Open(ctx, st, Options{ID: "l"})
 	if err != nil {
 		t.Fatalf("takeover: %v", err)
@@ -322,10 +320,10 @@ func TestLockConflictAndTakeover(t *testing.T) {
 
 func TestLostLeaseFailsSave(t *testing.T) {
 	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
+	base, src := newBase(t, "dir"), t.TempDir()
 	writeTree(t, src, map[string]string{"a": "1"})
 	w := openWS(t, base, "lost", Options{})
-	lp := filepath.Join(base, "lost.lock")
+	lp := filepath.Join(base.dir, "lost.lock")
 	os.Remove(lp)
 	os.Mkdir(lp, 0o755) // another writer's lock
 	_, err := w.Save(ctx, src, format.Selection{}, "")
@@ -342,7 +340,7 @@ func TestLostLeaseFailsSave(t *testing.T) {
 
 func TestBadStores(t *testing.T) {
 	ctx := context.Background()
-	good := func(t *testing.T, base string) string {
+	good := func(t *testing.T, base testBase) string {
 		src := t.TempDir()
 		writeTree(t, src, map[string]string{"a/b.txt": "abc"})
 		w := openWS(t, base, "bad", Options{})
@@ -375,12 +373,12 @@ func TestBadStores(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			base := t.TempDir()
+			base := newBase(t, "dir")
 			rev := good(t, base)
-			root := filepath.Join(base, "bad")
+			root := filepath.Join(base.dir, "bad")
 			tc.spoil(t, root, rev)
-			before := snapshotDir(t, base)
-			st, _ := dirstore.New(base, "bad")
+			before := snapshotDir(t, base.dir)
+			st, _ := dirstore.New(base.dir, "bad")
 			w, err := Open(ctx, st, Options{ID: "bad"})
 			if err == nil {
 				_, err = w.Restore(ctx, "current", filepath.Join(t.TempDir(), "w"), format.Selection{})
@@ -390,7 +388,7 @@ func TestBadStores(t *testing.T) {
 				t.Fatal("bad store accepted")
 			}
 			t.Log(err)
-			if after := snapshotDir(t, base); after != before {
+			if after := snapshotDir(t, base.dir); after != before {
 				t.Errorf("store changed:\n%s\n%s", before, after)
 			}
 		})
@@ -476,226 +474,234 @@ func TestArchiveInteropWithTar(t *testing.T) {
 }
 
 func TestIncrementalSaveReusesUnchangedFiles(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	files := map[string]string{}
-	for i := 0; i < 50; i++ {
-		files[fmt.Sprintf("d%d/f%d.txt", i%5, i)] = strings.Repeat("x", i+1)
-	}
-	writeTree(t, src, files)
-	w := openWS(t, base, "inc", Options{Retention: 2})
-	first, err := w.Save(ctx, src, format.Selection{}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if first.Uploaded != 50 || first.Reused != 0 {
-		t.Fatalf("first save: %+v", first)
-	}
-	// One content change, one chmod, one same-size rewrite with the old
-	// mtime put back: all three must upload; the rest is reused.
-	os.WriteFile(filepath.Join(src, "d0/f0.txt"), []byte("changed"), 0o644)
-	os.Chmod(filepath.Join(src, "d1/f1.txt"), 0o600)
-	p := filepath.Join(src, "d2/f2.txt")
-	fi, _ := os.Stat(p)
-	os.WriteFile(p, []byte("ZZZ"), 0o644)
-	os.Chtimes(p, fi.ModTime(), fi.ModTime())
-	second, err := w.Save(ctx, src, format.Selection{}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if second.Uploaded != 3 || second.Reused != 47 || second.UploadedBytes != int64(len("changed")+2+3) {
-		t.Fatalf("second save: uploaded %d (%d bytes), reused %d", second.Uploaded, second.UploadedBytes, second.Reused)
-	}
-	// Both revisions restore exactly.
-	for _, tc := range []struct {
-		rev  string
-		want map[string]string
-	}{
-		{first.Entry.ID, files},
-		{second.Entry.ID, func() map[string]string {
-			m := map[string]string{}
-			for k, v := range files {
-				m[k] = v
-			}
-			m["d0/f0.txt"] = "changed"
-			m["d2/f2.txt"] = "ZZZ"
-			return m
-		}()},
-	} {
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, tc.rev, dst, format.Selection{}); err != nil {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		files := map[string]string{}
+		for i := 0; i < 50; i++ {
+			files[fmt.Sprintf("d%d/f%d.txt", i%5, i)] = strings.Repeat("x", i+1)
+		}
+		writeTree(t, src, files)
+		w := openWS(t, base, "inc", Options{Retention: 2})
+		first, err := w.Save(ctx, src, format.Selection{}, "")
+		if err != nil {
 			t.Fatal(err)
 		}
-		for path, want := range tc.want {
-			if got, _ := os.ReadFile(filepath.Join(dst, path)); string(got) != want {
-				t.Errorf("%s %s = %q, want %q", tc.rev, path, got, want)
+		if first.Uploaded != 50 || first.Reused != 0 {
+			t.Fatalf("first save: %+v", first)
+		}
+		// One content change, one chmod, one same-size rewrite with the old
+		// mtime put back: all three must upload; the rest is reused.
+		os.WriteFile(filepath.Join(src, "d0/f0.txt"), []byte("changed"), 0o644)
+		os.Chmod(filepath.Join(src, "d1/f1.txt"), 0o600)
+		p := filepath.Join(src, "d2/f2.txt")
+		fi, _ := os.Stat(p)
+		os.WriteFile(p, []byte("ZZZ"), 0o644)
+		os.Chtimes(p, fi.ModTime(), fi.ModTime())
+		second, err := w.Save(ctx, src, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if second.Uploaded != 3 || second.Reused != 47 || second.UploadedBytes != int64(len("changed")+2+3) {
+			t.Fatalf("second save: uploaded %d (%d bytes), reused %d", second.Uploaded, second.UploadedBytes, second.Reused)
+		}
+		// Both revisions restore exactly.
+		for _, tc := range []struct {
+			rev  string
+			want map[string]string
+		}{
+			{first.Entry.ID, files},
+			{second.Entry.ID, func() map[string]string {
+				m := map[string]string{}
+				for k, v := range files {
+					m[k] = v
+				}
+				m["d0/f0.txt"] = "changed"
+				m["d2/f2.txt"] = "ZZZ"
+				return m
+			}()},
+		} {
+			dst := filepath.Join(t.TempDir(), "w")
+			if _, err := w.Restore(ctx, tc.rev, dst, format.Selection{}); err != nil {
+				t.Fatal(err)
+			}
+			for path, want := range tc.want {
+				if got, _ := os.ReadFile(filepath.Join(dst, path)); string(got) != want {
+					t.Errorf("%s %s = %q, want %q", tc.rev, path, got, want)
+				}
 			}
 		}
-	}
-	// After a restore, an untouched tree reuses everything.
-	dst := filepath.Join(t.TempDir(), "w")
-	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	third, err := w.Save(ctx, dst, format.Selection{}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if third.Uploaded != 0 || third.Reused != 50 {
-		t.Errorf("save of a fresh restore: %+v", third)
-	}
+		// After a restore, an untouched tree reuses everything.
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		third, err := w.Save(ctx, dst, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if third.Uploaded != 0 || third.Reused != 50 {
+			t.Errorf("save of a fresh restore: %+v", third)
+		}
+	})
 }
 
 func TestLazyRestore(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000), "empty/": ""})
-	os.Chmod(filepath.Join(src, "a/two.txt"), 0o640)
-	w := openWS(t, base, "lazy", Options{LazyRestore: true, Retention: 5})
-	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "w")
-	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	// The directories are there at once; their files are made on first
-	// use of each directory.
-	if des, err := os.ReadDir(filepath.Join(dst, "a")); err != nil || len(des) != 0 {
-		t.Fatalf("a/ before first use: %v %v", des, err)
-	}
-	for _, d := range []string{"a", "b", "empty", "a"} {
-		if err := w.EnsureDir(ctx, d); err != nil {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000), "empty/": ""})
+		os.Chmod(filepath.Join(src, "a/two.txt"), 0o640)
+		w := openWS(t, base, "lazy", Options{LazyRestore: true, Retention: 5})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// Then the files, sizes and modes are there; the bytes are not.
-	if n, b := w.Pending(); n != 3 || b != 3+11+5000 {
-		t.Fatalf("pending %d files, %d bytes", n, b)
-	}
-	fi, err := os.Stat(filepath.Join(dst, "a/two.txt"))
-	if err != nil || fi.Size() != 11 || fi.Mode().Perm() != 0o640 {
-		t.Fatalf("placeholder stat: %v %v", fi, err)
-	}
-	if raw, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(raw) == "second file" {
-		t.Fatal("bytes fetched eagerly")
-	}
-	// Ensure fetches, exactly once, and keeps the inode.
-	var before, after syscall.Stat_t
-	syscall.Stat(filepath.Join(dst, "a/two.txt"), &before)
-	if err := w.Ensure(ctx, "a/two.txt"); err != nil {
-		t.Fatal(err)
-	}
-	syscall.Stat(filepath.Join(dst, "a/two.txt"), &after)
-	if got, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(got) != "second file" || before.Ino != after.Ino {
-		t.Fatalf("after Ensure: %q, inode %d -> %d", got, before.Ino, after.Ino)
-	}
-	if n, _ := w.Pending(); n != 2 {
-		t.Errorf("pending after one fetch: %d", n)
-	}
-	// A chmod'd placeholder must be saved with its real bytes, not zeros;
-	// an untouched one is reused without fetching.
-	os.Chmod(filepath.Join(dst, "b/three.bin"), 0o600)
-	res, err := w.Save(ctx, dst, format.Selection{}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Uploaded != 1 || res.Reused != 2 {
-		t.Errorf("save over placeholders: uploaded %d reused %d", res.Uploaded, res.Reused)
-	}
-	if n, _ := w.Pending(); n != 1 {
-		t.Errorf("pending after save: %d (a/one.txt should still be lazy)", n)
-	}
-	// "Crash": a fresh workspace finds the remaining placeholder by xattr.
-	w2 := openWS(t, base, "lazy2", Options{NoLock: true})
-	if n, err := w2.ResumePending(dst, format.Selection{}, false); err != nil || n != 1 {
-		t.Fatalf("resume: %d %v", n, err)
-	}
-	w.Prefetch(ctx, 2)
-	if n, _ := w.Pending(); n != 0 {
-		t.Errorf("pending after prefetch: %d", n)
-	}
-	check := filepath.Join(t.TempDir(), "c")
-	w3 := openWS(t, base, "lazy", Options{NoLock: true})
-	if _, err := w3.Restore(ctx, "current", check, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	for p, want := range map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000)} {
-		for _, d := range []string{dst, check} {
-			if got, _ := os.ReadFile(filepath.Join(d, p)); string(got) != want {
-				t.Errorf("%s in %s: %d bytes, want %d", p, d, len(got), len(want))
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		// The directories are there at once; their files are made on first
+		// use of each directory.
+		if des, err := os.ReadDir(filepath.Join(dst, "a")); err != nil || len(des) != 0 {
+			t.Fatalf("a/ before first use: %v %v", des, err)
+		}
+		for _, d := range []string{"a", "b", "empty", "a"} {
+			if err := w.EnsureDir(ctx, d); err != nil {
+				t.Fatal(err)
 			}
 		}
-	}
-	buf := make([]byte, 100)
-	if _, err := unix.Getxattr(filepath.Join(dst, "a/one.txt"), PendingXattr(), buf); err == nil {
-		t.Error("marker left after fetch")
-	}
+		// Then the files, sizes and modes are there; the bytes are not.
+		if n, b := w.Pending(); n != 3 || b != 3+11+5000 {
+			t.Fatalf("pending %d files, %d bytes", n, b)
+		}
+		fi, err := os.Stat(filepath.Join(dst, "a/two.txt"))
+		if err != nil || fi.Size() != 11 || fi.Mode().Perm() != 0o640 {
+			t.Fatalf("placeholder stat: %v %v", fi, err)
+		}
+		if raw, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(raw) == "second file" {
+			t.Fatal("bytes fetched eagerly")
+		}
+		// Ensure fetches, exactly once, and keeps the inode.
+		var before, after syscall.Stat_t
+		syscall.Stat(filepath.Join(dst, "a/two.txt"), &before)
+		if err := w.Ensure(ctx, "a/two.txt"); err != nil {
+			t.Fatal(err)
+		}
+		syscall.Stat(filepath.Join(dst, "a/two.txt"), &after)
+		if got, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(got) != "second file" || before.Ino != after.Ino {
+			t.Fatalf("after Ensure: %q, inode %d -> %d", got, before.Ino, after.Ino)
+		}
+		if n, _ := w.Pending(); n != 2 {
+			t.Errorf("pending after one fetch: %d", n)
+		}
+		// A chmod'd placeholder must be saved with its real bytes, not zeros;
+		// an untouched one is reused without fetching.
+		os.Chmod(filepath.Join(dst, "b/three.bin"), 0o600)
+		res, err := w.Save(ctx, dst, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Uploaded != 1 || res.Reused != 2 {
+			t.Errorf("save over placeholders: uploaded %d reused %d", res.Uploaded, res.Reused)
+		}
+		if n, _ := w.Pending(); n != 1 {
+			t.Errorf("pending after save: %d (a/one.txt should still be lazy)", n)
+		}
+		// "Crash": a fresh workspace finds the remaining placeholder by xattr.
+		w2 := openWS(t, base, "lazy2", Options{NoLock: true})
+		if n, err := w2.ResumePending(dst, format.Selection{}, false); err != nil || n != 1 {
+			t.Fatalf("resume: %d %v", n, err)
+		}
+		w.Prefetch(ctx, 2)
+		if n, _ := w.Pending(); n != 0 {
+			t.Errorf("pending after prefetch: %d", n)
+		}
+		check := filepath.Join(t.TempDir(), "c")
+		w3 := openWS(t, base, "lazy", Options{NoLock: true})
+		if _, err := w3.Restore(ctx, "current", check, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		for p, want := range map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000)} {
+			for _, d := range []string{dst, check} {
+				if got, _ := os.ReadFile(filepath.Join(d, p)); string(got) != want {
+					t.Errorf("%s in %s: %d bytes, want %d", p, d, len(got), len(want))
+				}
+			}
+		}
+		buf := make([]byte, 100)
+		if _, err := unix.Getxattr(filepath.Join(dst, "a/one.txt"), PendingXattr(), buf); err == nil {
+			t.Error("marker left after fetch")
+		}
+	})
 }
 
 func TestProgressReports(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"a": "12345", "b/c": "678"})
-	var last Progress
-	var mu sync.Mutex
-	w := openWS(t, base, "prog", Options{Progress: func(p Progress) { mu.Lock(); last = p; mu.Unlock() }})
-	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !last.Done || last.Phase != "save" || last.Files != 2 || last.TotalFiles != 2 || last.Bytes != 8 || last.TotalBytes != 8 {
-		t.Errorf("last report %+v", last)
-	}
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"a": "12345", "b/c": "678"})
+		var last Progress
+		var mu sync.Mutex
+		w := openWS(t, base, "prog", Options{Progress: func(p Progress) { mu.Lock(); last = p; mu.Unlock() }})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !last.Done || last.Phase != "save" || last.Files != 2 || last.TotalFiles != 2 || last.Bytes != 8 || last.TotalBytes != 8 {
+			t.Errorf("last report %+v", last)
+		}
+	})
 }
 
 // Pruning never strands a placeholder: a save repoints reused placeholders
 // at the new revision, and fetches the rest before pruning.
 func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"keep.txt": "kept", "skip.log": "excluded later", "x.txt": "x"})
-	w := openWS(t, base, "prune", Options{LazyRestore: true, Retention: 1})
-	if _, err := w.Save(ctx, src, format.Selection{NoGitignore: true}, ""); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "w")
-	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	// Writes reach the working dir through the mount, which populates the
-	// directory and fetches the file first.
-	if err := w.EnsureDir(ctx, ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Ensure(ctx, "x.txt"); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dst, "x.txt"), []byte("changed"), 0o644)
-	// skip.log is not in this save's selection, so its bytes exist only in
-	// the revision being pruned.
-	if _, err := w.Save(ctx, dst, format.Selection{Exclude: []string{"*.log"}}, ""); err != nil {
-		t.Fatal(err)
-	}
-	for p, want := range map[string]string{"keep.txt": "kept", "skip.log": "excluded later", "x.txt": "changed"} {
-		if got, err := os.ReadFile(filepath.Join(dst, p)); err != nil || string(got) != want {
-			// read straight from the working dir: only correct if fetched
-			// or still fetchable.
-			if err := w.Ensure(ctx, p); err != nil {
-				t.Fatalf("%s: %v", p, err)
-			}
-			if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
-				t.Errorf("%s = %q, want %q", p, got, want)
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"keep.txt": "kept", "skip.log": "excluded later", "x.txt": "x"})
+		w := openWS(t, base, "prune", Options{LazyRestore: true, Retention: 1})
+		if _, err := w.Save(ctx, src, format.Selection{NoGitignore: true}, ""); err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		// Writes reach the working dir through the mount, which populates the
+		// directory and fetches the file first.
+		if err := w.EnsureDir(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Ensure(ctx, "x.txt"); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dst, "x.txt"), []byte("changed"), 0o644)
+		// skip.log is not in this save's selection, so its bytes exist only in
+		// the revision being pruned.
+		if _, err := w.Save(ctx, dst, format.Selection{Exclude: []string{"*.log"}}, ""); err != nil {
+			t.Fatal(err)
+		}
+		for p, want := range map[string]string{"keep.txt": "kept", "skip.log": "excluded later", "x.txt": "changed"} {
+			if got, err := os.ReadFile(filepath.Join(dst, p)); err != nil || string(got) != want {
+				// read straight from the working dir: only correct if fetched
+				// or still fetchable.
+				if err := w.Ensure(ctx, p); err != nil {
+					t.Fatalf("%s: %v", p, err)
+				}
+				if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
+					t.Errorf("%s = %q, want %q", p, got, want)
+				}
 			}
 		}
-	}
-	if n, _ := w.Pending(); n != 0 {
-		w.Prefetch(ctx, 1)
-	}
-	if n, _ := w.Pending(); n != 0 {
-		t.Errorf("%d placeholders could not be fetched after pruning", n)
-	}
+		if n, _ := w.Pending(); n != 0 {
+			w.Prefetch(ctx, 1)
+		}
+		if n, _ := w.Pending(); n != 0 {
+			t.Errorf("%d placeholders could not be fetched after pruning", n)
+		}
+	})
 }
 
 // A directory not yet populated survives a crash and a move of its parent:
@@ -703,111 +709,115 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 // directory's manifest path at wherever it is now, and a save after that
 // holds every file with its bytes.
 func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"top.txt": "top", "p/q/deep.txt": "deep bytes", "p/q/r/deeper.txt": "deeper", "p/side.txt": "side"})
-	w := openWS(t, base, "lazydir", Options{LazyRestore: true, Retention: 3})
-	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "w")
-	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.EnsureDir(ctx, "p"); err != nil {
-		t.Fatal(err)
-	}
-	// p is whole, so moving p/q is allowed (the mount populates the
-	// moved directory itself first; a move of an ancestor does not).
-	if err := os.Rename(filepath.Join(dst, "p"), filepath.Join(dst, "moved")); err != nil {
-		t.Fatal(err)
-	}
-	w.Close(ctx)
-
-	// "Crash": a fresh workspace finds what is left to do by its markers.
-	w2 := openWS(t, base, "lazydir", Options{NoLock: true})
-	if _, err := w2.ResumePending(dst, format.Selection{}, false); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{"", "moved", "moved/q", "moved/q/r"} {
-		if err := w2.EnsureDir(ctx, d); err != nil {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"top.txt": "top", "p/q/deep.txt": "deep bytes", "p/q/r/deeper.txt": "deeper", "p/side.txt": "side"})
+		w := openWS(t, base, "lazydir", Options{LazyRestore: true, Retention: 3})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
 			t.Fatal(err)
 		}
-		buf := make([]byte, 200)
-		if _, err := unix.Lgetxattr(filepath.Join(dst, d), PendingDirXattr(), buf); err == nil {
-			t.Errorf("%q still marked after EnsureDir", d)
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	want := map[string]string{"top.txt": "top", "moved/q/deep.txt": "deep bytes", "moved/q/r/deeper.txt": "deeper", "moved/side.txt": "side"}
-	for p, content := range want {
-		if err := w2.Ensure(ctx, p); err != nil {
-			t.Fatalf("%s: %v", p, err)
+		if err := w.EnsureDir(ctx, "p"); err != nil {
+			t.Fatal(err)
 		}
-		if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != content {
-			t.Errorf("%s = %q, want %q", p, got, content)
+		// p is whole, so moving p/q is allowed (the mount populates the
+		// moved directory itself first; a move of an ancestor does not).
+		if err := os.Rename(filepath.Join(dst, "p"), filepath.Join(dst, "moved")); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if _, err := w2.Save(ctx, dst, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	check := filepath.Join(t.TempDir(), "c")
-	w3 := openWS(t, base, "lazydir", Options{NoLock: true})
-	if _, err := w3.Restore(ctx, "current", check, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	for p, content := range want {
-		if got, _ := os.ReadFile(filepath.Join(check, p)); string(got) != content {
-			t.Errorf("saved %s = %q, want %q", p, got, content)
+		w.Close(ctx)
+
+		// "Crash": a fresh workspace finds what is left to do by its markers.
+		w2 := openWS(t, base, "lazydir", Options{NoLock: true})
+		if _, err := w2.ResumePending(dst, format.Selection{}, false); err != nil {
+			t.Fatal(err)
 		}
-	}
+		for _, d := range []string{"", "moved", "moved/q", "moved/q/r"} {
+			if err := w2.EnsureDir(ctx, d); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 200)
+			if _, err := unix.Lgetxattr(filepath.Join(dst, d), PendingDirXattr(), buf); err == nil {
+				t.Errorf("%q still marked after EnsureDir", d)
+			}
+		}
+		want := map[string]string{"top.txt": "top", "moved/q/deep.txt": "deep bytes", "moved/q/r/deeper.txt": "deeper", "moved/side.txt": "side"}
+		for p, content := range want {
+			if err := w2.Ensure(ctx, p); err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != content {
+				t.Errorf("%s = %q, want %q", p, got, content)
+			}
+		}
+		if _, err := w2.Save(ctx, dst, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		check := filepath.Join(t.TempDir(), "c")
+		w3 := openWS(t, base, "lazydir", Options{NoLock: true})
+		if _, err := w3.Restore(ctx, "current", check, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		for p, content := range want {
+			if got, _ := os.ReadFile(filepath.Join(check, p)); string(got) != content {
+				t.Errorf("saved %s = %q, want %q", p, got, content)
+			}
+		}
+	})
 }
 
 // Population never replaces a file it did not make, and an interrupted
 // population is finished without duplicating or clobbering.
 func TestLazyPopulationIsIdempotent(t *testing.T) {
-	ctx := context.Background()
-	base, src := t.TempDir(), t.TempDir()
-	writeTree(t, src, map[string]string{"d/a.txt": "aaa", "d/b.txt": "bbbb"})
-	w := openWS(t, base, "idem", Options{LazyRestore: true})
-	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "w")
-	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.EnsureDir(ctx, "d"); err != nil {
-		t.Fatal(err)
-	}
-	// Put the marker back, as if the run had died before clearing it, and
-	// replace b.txt with a file that is not a placeholder.
-	var rev string
-	for _, e := range w.Index().Revisions {
-		rev = e.Path
-	}
-	if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr(), []byte(rev+"\x00d"), 0); err != nil {
-		t.Fatal(err)
-	}
-	os.Remove(filepath.Join(dst, "d/b.txt"))
-	os.WriteFile(filepath.Join(dst, "d/b.txt"), []byte("mine"), 0o644)
-	w2 := openWS(t, base, "idem", Options{NoLock: true})
-	if _, err := w2.ResumePending(dst, format.Selection{}, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := w2.EnsureDir(ctx, "d"); err != nil {
-		t.Fatal(err)
-	}
-	if n, _ := w2.Pending(); n != 1 {
-		t.Errorf("pending %d, want 1 (a.txt)", n)
-	}
-	if err := w2.Ensure(ctx, "d/a.txt"); err != nil {
-		t.Fatal(err)
-	}
-	for p, want := range map[string]string{"d/a.txt": "aaa", "d/b.txt": "mine"} {
-		if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
-			t.Errorf("%s = %q, want %q", p, got, want)
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"d/a.txt": "aaa", "d/b.txt": "bbbb"})
+		w := openWS(t, base, "idem", Options{LazyRestore: true})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
 		}
-	}
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.EnsureDir(ctx, "d"); err != nil {
+			t.Fatal(err)
+		}
+		// Put the marker back, as if the run had died before clearing it, and
+		// replace b.txt with a file that is not a placeholder.
+		var rev string
+		for _, e := range w.Index().Revisions {
+			rev = e.Path
+		}
+		if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr(), []byte(rev+"\x00d"), 0); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(filepath.Join(dst, "d/b.txt"))
+		os.WriteFile(filepath.Join(dst, "d/b.txt"), []byte("mine"), 0o644)
+		w2 := openWS(t, base, "idem", Options{NoLock: true})
+		if _, err := w2.ResumePending(dst, format.Selection{}, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := w2.EnsureDir(ctx, "d"); err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := w2.Pending(); n != 1 {
+			t.Errorf("pending %d, want 1 (a.txt)", n)
+		}
+		if err := w2.Ensure(ctx, "d/a.txt"); err != nil {
+			t.Fatal(err)
+		}
+		for p, want := range map[string]string{"d/a.txt": "aaa", "d/b.txt": "mine"} {
+			if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
+				t.Errorf("%s = %q, want %q", p, got, want)
+			}
+		}
+	})
 }
 
 // TestSaveChangingTree saves, in both formats, while a writer rewrites one
@@ -815,72 +825,74 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 // every save succeeds, and each file it holds is whole (one version of
 // the rewritten file, whole lines of the log) with the manifest's size.
 func TestSaveChangingTree(t *testing.T) {
-	for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
-		t.Run(kind, func(t *testing.T) {
-			ctx := context.Background()
-			base, src := t.TempDir(), t.TempDir()
-			w := openWS(t, base, "chg", Options{Format: kind, Retention: 2})
-			writeTree(t, src, map[string]string{"rewrite": strings.Repeat("v0 ", 50000), "log": "", "churn/keep": "k"})
-			stop := make(chan struct{})
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				rw, _ := os.OpenFile(filepath.Join(src, "rewrite"), os.O_RDWR, 0)
-				lg, _ := os.OpenFile(filepath.Join(src, "log"), os.O_WRONLY|os.O_APPEND, 0)
-				defer rw.Close()
-				defer lg.Close()
-				for i := 1; ; i++ {
-					select {
-					case <-stop:
-						return
-					default:
+	forStores(t, func(t *testing.T, sk string) {
+		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
+			t.Run(kind, func(t *testing.T) {
+				ctx := context.Background()
+				base, src := newBase(t, sk), t.TempDir()
+				w := openWS(t, base, "chg", Options{Format: kind, Retention: 2})
+				writeTree(t, src, map[string]string{"rewrite": strings.Repeat("v0 ", 50000), "log": "", "churn/keep": "k"})
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					rw, _ := os.OpenFile(filepath.Join(src, "rewrite"), os.O_RDWR, 0)
+					lg, _ := os.OpenFile(filepath.Join(src, "log"), os.O_WRONLY|os.O_APPEND, 0)
+					defer rw.Close()
+					defer lg.Close()
+					for i := 1; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						// In place, and of another length: a torn read
+						// mixes versions or sizes.
+						v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
+						rw.WriteAt([]byte(v), 0)
+						rw.Truncate(int64(len(v)))
+						// Opened for each rewrite, as most tools do, and of one
+						// length, so that every instant outside a write call
+						// holds one whole version.
+						if f, err := os.OpenFile(filepath.Join(src, "reopened"), os.O_WRONLY|os.O_CREATE, 0o644); err == nil {
+							f.WriteAt([]byte(strings.Repeat(fmt.Sprintf("%07d ", i), 200000)), 0)
+							f.Close()
+						}
+						fmt.Fprintf(lg, "line %d\n", i)
+						p := filepath.Join(src, "churn", fmt.Sprint("f", i%7))
+						if i%2 == 0 {
+							os.WriteFile(p, []byte(v[:i%5000]), 0o644)
+						} else {
+							os.Remove(p)
+						}
+						time.Sleep(3 * time.Millisecond)
 					}
-					// In place, and of another length: a torn read
-					// mixes versions or sizes.
-					v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
-					rw.WriteAt([]byte(v), 0)
-					rw.Truncate(int64(len(v)))
-					// Opened for each rewrite, as most tools do, and of one
-					// length, so that every instant outside a write call
-					// holds one whole version.
-					if f, err := os.OpenFile(filepath.Join(src, "reopened"), os.O_WRONLY|os.O_CREATE, 0o644); err == nil {
-						f.WriteAt([]byte(strings.Repeat(fmt.Sprintf("%07d ", i), 200000)), 0)
-						f.Close()
+				}()
+				for i := 0; i < 8; i++ {
+					res, err := w.Save(ctx, src, format.Selection{}, "")
+					if err != nil {
+						close(stop)
+						<-done
+						t.Fatalf("save %d of a changing tree: %v", i, err)
 					}
-					fmt.Fprintf(lg, "line %d\n", i)
-					p := filepath.Join(src, "churn", fmt.Sprint("f", i%7))
-					if i%2 == 0 {
-						os.WriteFile(p, []byte(v[:i%5000]), 0o644)
-					} else {
-						os.Remove(p)
+					dst := filepath.Join(t.TempDir(), "r")
+					if _, err := w.Restore(ctx, res.Entry.ID, dst, format.Selection{}); err != nil {
+						t.Fatalf("restore %d: %v", i, err)
 					}
-					time.Sleep(3 * time.Millisecond)
-				}
-			}()
-			for i := 0; i < 8; i++ {
-				res, err := w.Save(ctx, src, format.Selection{}, "")
-				if err != nil {
-					close(stop)
-					<-done
-					t.Fatalf("save %d of a changing tree: %v", i, err)
-				}
-				dst := filepath.Join(t.TempDir(), "r")
-				if _, err := w.Restore(ctx, res.Entry.ID, dst, format.Selection{}); err != nil {
-					t.Fatalf("restore %d: %v", i, err)
-				}
-				for _, name := range []string{"rewrite", "reopened"} {
-					got, _ := os.ReadFile(filepath.Join(dst, name))
-					if f := strings.Fields(string(got)); len(f) > 0 && strings.Count(string(got), f[0]+" ") != len(f) {
-						t.Errorf("save %d: %s is torn: %d bytes, %d words, first %q", i, name, len(got), len(f), f[0])
+					for _, name := range []string{"rewrite", "reopened"} {
+						got, _ := os.ReadFile(filepath.Join(dst, name))
+						if f := strings.Fields(string(got)); len(f) > 0 && strings.Count(string(got), f[0]+" ") != len(f) {
+							t.Errorf("save %d: %s is torn: %d bytes, %d words, first %q", i, name, len(got), len(f), f[0])
+						}
+					}
+					lg, _ := os.ReadFile(filepath.Join(dst, "log"))
+					if len(lg) > 0 && lg[len(lg)-1] != '\n' {
+						t.Errorf("save %d: the log ends mid-line: %q", i, lg[max(0, len(lg)-20):])
 					}
 				}
-				lg, _ := os.ReadFile(filepath.Join(dst, "log"))
-				if len(lg) > 0 && lg[len(lg)-1] != '\n' {
-					t.Errorf("save %d: the log ends mid-line: %q", i, lg[max(0, len(lg)-20):])
-				}
-			}
-			close(stop)
-			<-done
-		})
-	}
+				close(stop)
+				<-done
+			})
+		}
+	})
 }

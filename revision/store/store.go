@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 )
 
@@ -31,7 +32,11 @@ type Store interface {
 	// Open reads one object, or returns ErrNotExist.
 	Open(ctx context.Context, key string) (io.ReadCloser, error)
 	// Stage starts writing the artifact at key ("revisions/<id>/" or
-	// "revisions/<id>.tar.gz"); nothing is visible at key until Commit.
+	// "revisions/<id>.tar.gz"). A folder's manifest.json, which makes it
+	// a revision, and an archive's one object are readable only once
+	// Commit returns; a folder's other objects may be readable before
+	// (S3 writes them in place), and Artifacts may list a folder that is
+	// not committed, as a leftover to remove.
 	Stage(ctx context.Context, key string) (Stager, error)
 	// Remove deletes the artifact at key, tolerating its absence.
 	Remove(ctx context.Context, key string) error
@@ -136,3 +141,20 @@ func ForeignKey(seg, key string) string {
 
 // IsForeign reports whether key names another workspace's object.
 func IsForeign(key string) bool { return strings.HasPrefix(key, "../") }
+
+// CheckKey refuses a key that is neither a clean path beneath the
+// workspace's root nor a foreign key to another workspace's revisions:
+// S3 keys are literal, but a gateway backed by a file system (versitygw's
+// posix backend) resolves ".." in them.
+func CheckKey(key string) error {
+	if IsForeign(key) {
+		if _, _, ok := SplitForeign(key); !ok {
+			return amlerr.New(amlerr.InvalidStore, key, "not a key of another workspace's revisions")
+		}
+		return nil
+	}
+	if err := format.ValidPath(strings.TrimSuffix(key, "/")); err != nil {
+		return amlerr.Wrap(amlerr.InvalidStore, key, err)
+	}
+	return nil
+}

@@ -23,8 +23,8 @@ import (
 	"github.com/amlfs/amlfs/atomicfile"
 )
 
-// FSStore is the filesystem store: ROOT is Base/seg(id).
-type FSStore struct {
+// Store is the filesystem store: ROOT is Base/seg(id).
+type Store struct {
 	Base string // the store directory (file:///Base)
 	ID   string
 	Seg  string
@@ -33,25 +33,25 @@ type FSStore struct {
 }
 
 // New returns the filesystem store of workspace id under base.
-func New(base, id string) (*FSStore, error) {
+func New(base, id string) (*Store, error) {
 	seg, err := format.Seg(id)
 	if err != nil {
 		return nil, err
 	}
-	return &FSStore{Base: base, ID: id, Seg: seg, LockRefresh: 5 * time.Minute, LockStale: 20 * time.Minute}, nil
+	return &Store{Base: base, ID: id, Seg: seg, LockRefresh: 5 * time.Minute, LockStale: 20 * time.Minute}, nil
 }
 
-func (s *FSStore) root() string { return filepath.Join(s.Base, s.Seg) }
+func (s *Store) root() string { return filepath.Join(s.Base, s.Seg) }
 
 // path is key's file; a foreign key's is in its workspace's root.
-func (s *FSStore) path(key string) string {
+func (s *Store) path(key string) string {
 	dir, rel := s.locate(key)
 	return filepath.Join(dir, rel)
 }
 
 // locate splits key's file into the directory it must lie beneath and the
 // path below it: the root, or for a foreign key the base.
-func (s *FSStore) locate(key string) (dir, rel string) {
+func (s *Store) locate(key string) (dir, rel string) {
 	if seg, rest, ok := store.SplitForeign(key); ok {
 		return s.Base, filepath.Join(seg, filepath.FromSlash(rest))
 	}
@@ -59,7 +59,7 @@ func (s *FSStore) locate(key string) (dir, rel string) {
 }
 
 // Sibling returns the store of workspace id under the same base.
-func (s *FSStore) Sibling(id string) (store.Store, error) {
+func (s *Store) Sibling(id string) (store.Store, error) {
 	o, err := New(s.Base, id)
 	if err != nil {
 		return nil, err
@@ -69,8 +69,8 @@ func (s *FSStore) Sibling(id string) (store.Store, error) {
 }
 
 // Foreign returns key as the workspace's siblings name it.
-func (s *FSStore) Foreign(key string) string { return store.ForeignKey(s.Seg, key) }
-func (s *FSStore) String() string            { return "file://" + s.root() }
+func (s *Store) Foreign(key string) string { return store.ForeignKey(s.Seg, key) }
+func (s *Store) String() string            { return "file://" + s.root() }
 
 func version(data []byte) string {
 	sum := sha256.Sum256(data)
@@ -84,7 +84,7 @@ func notExist(err error) error {
 	return err
 }
 
-func (s *FSStore) ReadIndex(ctx context.Context) ([]byte, string, error) {
+func (s *Store) ReadIndex(ctx context.Context) ([]byte, string, error) {
 	f, err := s.openObject(format.IndexKey)
 	if err != nil {
 		return nil, "", err
@@ -99,7 +99,7 @@ func (s *FSStore) ReadIndex(ctx context.Context) ([]byte, string, error) {
 
 // PublishIndex compares and swaps workspace.json under an exclusive flock on
 // ROOT, so that concurrent publishers on this host (locked or not) serialize.
-func (s *FSStore) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
+func (s *Store) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
 	if err := os.MkdirAll(s.root(), 0o700); err != nil {
 		return "", err
 	}
@@ -150,7 +150,7 @@ func flockDir(dir string) (func(), error) {
 	return func() { unix.Flock(fd, unix.LOCK_UN); unix.Close(fd) }, nil
 }
 
-func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+func (s *Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
 	return s.openObject(key)
 }
 
@@ -161,7 +161,7 @@ func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, error) {
 // directory) must not make a root daemon read outside it. A key that is
 // not a regular file is INVALID_STORE; O_NONBLOCK keeps a fifo from
 // hanging the open.
-func (s *FSStore) openObject(key string) (*os.File, error) {
+func (s *Store) openObject(key string) (*os.File, error) {
 	dir, rel := s.locate(key)
 	rfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -194,7 +194,7 @@ func (s *FSStore) openObject(key string) (*os.File, error) {
 // realDirs refuses a store whose revisions/ or staging directory is a
 // symlink: listing orphans through one, or renaming an artifact out of it
 // to delete it, would act on another directory.
-func (s *FSStore) realDirs() error {
+func (s *Store) realDirs() error {
 	for _, d := range []string{"revisions", stagingDir} {
 		fi, err := os.Lstat(s.path(d))
 		if errors.Is(err, fs.ErrNotExist) {
@@ -213,7 +213,7 @@ func (s *FSStore) realDirs() error {
 // Remove first moves the artifact into the staging directory, so that it
 // leaves revisions/ at once, whole; a crash while its files are deleted
 // leaves the rest where the next save's cleanup looks.
-func (s *FSStore) Remove(ctx context.Context, key string) error {
+func (s *Store) Remove(ctx context.Context, key string) error {
 	if store.IsForeign(key) {
 		return fmt.Errorf("remove %s: another workspace's object", key)
 	}
@@ -238,7 +238,7 @@ func (s *FSStore) Remove(ctx context.Context, key string) error {
 	return os.RemoveAll(p)
 }
 
-func (s *FSStore) Artifacts(ctx context.Context) ([]string, error) {
+func (s *Store) Artifacts(ctx context.Context) ([]string, error) {
 	if err := s.realDirs(); err != nil {
 		return nil, err
 	}
@@ -262,13 +262,13 @@ func (s *FSStore) Artifacts(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-func (s *FSStore) Destroy(ctx context.Context) error {
+func (s *Store) Destroy(ctx context.Context) error {
 	return os.RemoveAll(s.root())
 }
 
 const stagingDir = ".amlfs-staging"
 
-func (s *FSStore) Stage(ctx context.Context, key string) (store.Stager, error) {
+func (s *Store) Stage(ctx context.Context, key string) (store.Stager, error) {
 	if err := s.realDirs(); err != nil {
 		return nil, err
 	}
@@ -290,7 +290,7 @@ func (s *FSStore) Stage(ctx context.Context, key string) (store.Stager, error) {
 }
 
 type fsStager struct {
-	s       *FSStore
+	s       *Store
 	key     string
 	tmp     string
 	folder  bool
@@ -435,7 +435,7 @@ func (st *fsStager) Abort(ctx context.Context) error {
 
 // SameObject reports whether keys a and b are one file (a revision reuses
 // an unchanged file of the previous one as a hard link).
-func (s *FSStore) SameObject(ctx context.Context, a, b string) bool {
+func (s *Store) SameObject(ctx context.Context, a, b string) bool {
 	fa, err := os.Stat(s.path(a))
 	if err != nil {
 		return false

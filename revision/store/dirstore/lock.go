@@ -24,14 +24,14 @@ import (
 // touch. A stale lease is taken over under an flock on Base, so that two
 // contenders on this host cannot both win.
 
-func (s *FSStore) lockPath() string { return filepath.Join(s.Base, s.Seg+".lock") }
+func (s *Store) lockPath() string { return filepath.Join(s.Base, s.Seg+".lock") }
 
-func (s *FSStore) conflict(detail string) error {
+func (s *Store) conflict(detail string) error {
 	return amlerr.New(amlerr.WorkspaceConflict, s.ID, "workspace %q is locked by another writer (%s); wait for it, choose another --id, or pass --no-lock", s.ID, detail)
 }
 
 // Lock takes the lease.
-func (s *FSStore) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (store.Lease, error) {
+func (s *Store) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (store.Lease, error) {
 	if err := os.MkdirAll(s.Base, 0o700); err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func lockHolder(lp string) (string, error) {
 	return fmt.Sprintf("ino:%d@%d.%09d", stx.Ino, stx.Btime.Sec, stx.Btime.Nsec), nil
 }
 
-func (s *FSStore) takeOver(lp string, dead func(string) bool) error {
+func (s *Store) takeOver(lp string, dead func(string) bool) error {
 	unlock, err := flockDir(s.Base)
 	if err != nil {
 		return err

@@ -10,7 +10,7 @@ import (
 // Probe checks the store directory: it must be creatable and writable.
 // Conditional publication there is a compare-and-swap under flock, which
 // any local filesystem honours.
-func (s *FSStore) Probe(ctx context.Context) store.Probe {
+func (s *Store) Probe(ctx context.Context) store.Probe {
 	var p store.Probe
 	if err := os.MkdirAll(s.Base, 0o755); err != nil {
 		p.Error = err.Error()

@@ -30,11 +30,11 @@ type lockRecord struct {
 	UpdatedAt int64  `json:"updatedAt"`
 }
 
-func (s *S3Store) conflict(detail string) error {
+func (s *Store) conflict(detail string) error {
 	return amlerr.New(amlerr.WorkspaceConflict, s.ID, "workspace %q is locked by another writer (%s); wait for it, choose another --id, or pass --no-lock", s.ID, detail)
 }
 
-func (s *S3Store) putLock(ctx context.Context, rec lockRecord, ifMatch string) (string, error) {
+func (s *Store) putLock(ctx context.Context, rec lockRecord, ifMatch string) (string, error) {
 	data, _ := json.Marshal(rec)
 	in := &s3.PutObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(lockKey)), Body: bytes.NewReader(data),
 		ContentLength: aws.Int64(int64(len(data))), ContentType: aws.String("application/json")}
@@ -50,7 +50,7 @@ func (s *S3Store) putLock(ctx context.Context, rec lockRecord, ifMatch string) (
 	return aws.ToString(out.ETag), nil
 }
 
-func (s *S3Store) readLock(ctx context.Context) (lockRecord, string, error) {
+func (s *Store) readLock(ctx context.Context) (lockRecord, string, error) {
 	data, etag, err := s.get(ctx, s.key(lockKey), 64<<10)
 	if err != nil {
 		return lockRecord{}, "", err
@@ -66,7 +66,7 @@ func (s *S3Store) readLock(ctx context.Context) (lockRecord, string, error) {
 }
 
 // Lock takes the lease.
-func (s *S3Store) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (store.Lease, error) {
+func (s *Store) Lock(ctx context.Context, onLost func(error), dead func(holder string) bool) (store.Lease, error) {
 	rec := lockRecord{Token: uuid.NewString(), UpdatedAt: s.Now().UnixMilli()}
 	etag, err := s.putLock(ctx, rec, "")
 	if errors.Is(err, store.ErrPrecondition) {
@@ -80,7 +80,7 @@ func (s *S3Store) Lock(ctx context.Context, onLost func(error), dead func(holder
 	return l, nil
 }
 
-func (s *S3Store) takeOver(ctx context.Context, rec lockRecord, dead func(string) bool) (string, error) {
+func (s *Store) takeOver(ctx context.Context, rec lockRecord, dead func(string) bool) (string, error) {
 	cur, etag, err := s.readLock(ctx)
 	if errors.Is(err, store.ErrNotExist) {
 		// Released in between: try a fresh create once more.
@@ -113,7 +113,7 @@ func (s *S3Store) takeOver(ctx context.Context, rec lockRecord, dead func(string
 
 type s3Lease struct {
 	*store.Heartbeat
-	s     *S3Store
+	s     *Store
 	token string
 
 	mu   sync.Mutex

@@ -16,7 +16,7 @@ import (
 // If-None-Match: * and If-Match, with a scratch key under the workspace
 // root that it removes afterwards. Some S3-compatible servers accept both
 // headers and ignore them; publishing to such a store is not safe.
-func (s *S3Store) Probe(ctx context.Context) store.Probe {
+func (s *Store) Probe(ctx context.Context) store.Probe {
 	var p store.Probe
 	if _, err := s.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &s.Bucket, Prefix: aws.String(s.root()), MaxKeys: aws.Int32(1)}); err != nil {
 		p.Error = s.wrap("list", s.root(), err).Error()

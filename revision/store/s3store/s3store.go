@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
 
@@ -28,8 +29,8 @@ import (
 // DefaultPrefix is AML's default key prefix for S3 workspaces.
 const DefaultPrefix = "aml/workspaces"
 
-// S3Store is the S3 store: ROOT is the key prefix PREFIX/seg(id)/.
-type S3Store struct {
+// Store is the S3 store: ROOT is the key prefix PREFIX/seg(id)/.
+type Store struct {
 	Client *s3.Client
 	Bucket string
 	Prefix string
@@ -43,16 +44,16 @@ type S3Store struct {
 }
 
 // New returns the S3 store of workspace id under bucket/prefix.
-func New(client *s3.Client, bucket, prefix, id string) (*S3Store, error) {
+func New(client *s3.Client, bucket, prefix, id string) (*Store, error) {
 	seg, err := format.Seg(id)
 	if err != nil {
 		return nil, err
 	}
-	return &S3Store{Client: client, Bucket: bucket, Prefix: strings.Trim(prefix, "/"), ID: id, Seg: seg,
+	return &Store{Client: client, Bucket: bucket, Prefix: strings.Trim(prefix, "/"), ID: id, Seg: seg,
 		LockRefresh: 5 * time.Minute, LockStale: 20 * time.Minute, Parallel: 16, Now: time.Now}, nil
 }
 
-func (s *S3Store) root() string {
+func (s *Store) root() string {
 	if s.Prefix == "" {
 		return s.Seg + "/"
 	}
@@ -60,7 +61,7 @@ func (s *S3Store) root() string {
 }
 
 // key is k's full key; a foreign key's is in its workspace's root.
-func (s *S3Store) key(k string) string {
+func (s *Store) key(k string) string {
 	if seg, rest, ok := store.SplitForeign(k); ok {
 		o := *s
 		o.Seg = seg
@@ -70,7 +71,7 @@ func (s *S3Store) key(k string) string {
 }
 
 // Sibling returns the store of workspace id under the same prefix.
-func (s *S3Store) Sibling(id string) (store.Store, error) {
+func (s *Store) Sibling(id string) (store.Store, error) {
 	seg, err := format.Seg(id)
 	if err != nil {
 		return nil, err
@@ -81,13 +82,13 @@ func (s *S3Store) Sibling(id string) (store.Store, error) {
 }
 
 // Foreign returns key as the workspace's siblings name it.
-func (s *S3Store) Foreign(key string) string { return store.ForeignKey(s.Seg, key) }
+func (s *Store) Foreign(key string) string { return store.ForeignKey(s.Seg, key) }
 
-func (s *S3Store) String() string {
+func (s *Store) String() string {
 	return "s3://" + s.Bucket + "/" + strings.TrimSuffix(s.root(), "/")
 }
 
-func (s *S3Store) wrap(op, key string, err error) error {
+func (s *Store) wrap(op, key string, err error) error {
 	switch {
 	case err == nil:
 		return nil
@@ -102,7 +103,7 @@ func (s *S3Store) wrap(op, key string, err error) error {
 	return fmt.Errorf("%s s3://%s/%s: %w", op, s.Bucket, key, s3client.Explain(s.Bucket, err))
 }
 
-func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, string, error) {
+func (s *Store) get(ctx context.Context, key string, limit int64) ([]byte, string, error) {
 	out, err := s3client.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(key)})
 	if err != nil {
 		return nil, "", s.wrap("get", key, err)
@@ -115,13 +116,13 @@ func (s *S3Store) get(ctx context.Context, key string, limit int64) ([]byte, str
 	return data, aws.ToString(out.ETag), nil
 }
 
-func (s *S3Store) ReadIndex(ctx context.Context) ([]byte, string, error) {
+func (s *Store) ReadIndex(ctx context.Context) ([]byte, string, error) {
 	return s.get(ctx, s.key(format.IndexKey), format.MaxIndexBytes)
 }
 
 // PublishIndex writes workspace.json with If-Match on the observed ETag, or
 // If-None-Match: * when there was none.
-func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
+func (s *Store) PublishIndex(ctx context.Context, data []byte, prev string) (string, error) {
 	in := &s3.PutObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(format.IndexKey)), Body: bytes.NewReader(data),
 		ContentLength: aws.Int64(int64(len(data))), ContentType: aws.String("application/json")}
 	if prev == "" {
@@ -132,6 +133,10 @@ func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	out, err := s.Client.PutObject(ctx, in)
 	if err != nil {
 		err = s.wrap("put", *in.Key, err)
+		if errors.Is(err, store.ErrNotExist) {
+			// If-Match on an index that is gone.
+			return "", fmt.Errorf("%w: %s disappeared", store.ErrPrecondition, format.IndexKey)
+		}
 		if errors.Is(err, store.ErrPrecondition) {
 			// The SDK retries a PUT whose response was lost; if the first
 			// attempt landed, the retry fails its own precondition. That
@@ -146,7 +151,10 @@ func (s *S3Store) PublishIndex(ctx context.Context, data []byte, prev string) (s
 	return aws.ToString(out.ETag), nil
 }
 
-func (s *S3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+func (s *Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := store.CheckKey(key); err != nil {
+		return nil, err
+	}
 	out, err := s3client.Get(ctx, s.Client, &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))})
 	if err != nil {
 		return nil, s.wrap("get", s.key(key), err)
@@ -155,7 +163,7 @@ func (s *S3Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
 }
 
 // list calls fn for every key under prefix (full keys).
-func (s *S3Store) list(ctx context.Context, prefix, delimiter string, fn func(key string, isPrefix bool) error) error {
+func (s *Store) list(ctx context.Context, prefix, delimiter string, fn func(key string, isPrefix bool) error) error {
 	in := &s3.ListObjectsV2Input{Bucket: &s.Bucket, Prefix: aws.String(prefix)}
 	if delimiter != "" {
 		in.Delimiter = aws.String(delimiter)
@@ -181,7 +189,7 @@ func (s *S3Store) list(ctx context.Context, prefix, delimiter string, fn func(ke
 }
 
 // deletePrefix removes every key under prefix, 1000 at a time.
-func (s *S3Store) deletePrefix(ctx context.Context, prefix string) error {
+func (s *Store) deletePrefix(ctx context.Context, prefix string) error {
 	var batch []types.ObjectIdentifier
 	flush := func() error {
 		if len(batch) == 0 {
@@ -211,7 +219,10 @@ func (s *S3Store) deletePrefix(ctx context.Context, prefix string) error {
 	return flush()
 }
 
-func (s *S3Store) Remove(ctx context.Context, key string) error {
+func (s *Store) Remove(ctx context.Context, key string) error {
+	if err := store.CheckKey(key); err != nil {
+		return err
+	}
 	if store.IsForeign(key) {
 		return fmt.Errorf("remove %s: another workspace's object", key)
 	}
@@ -225,7 +236,7 @@ func (s *S3Store) Remove(ctx context.Context, key string) error {
 	return nil
 }
 
-func (s *S3Store) Artifacts(ctx context.Context) ([]string, error) {
+func (s *Store) Artifacts(ctx context.Context) ([]string, error) {
 	var keys []string
 	root := s.root()
 	err := s.list(ctx, root+"revisions/", "/", func(key string, _ bool) error {
@@ -235,11 +246,14 @@ func (s *S3Store) Artifacts(ctx context.Context) ([]string, error) {
 	return keys, err
 }
 
-func (s *S3Store) Destroy(ctx context.Context) error {
+func (s *Store) Destroy(ctx context.Context) error {
 	return s.deletePrefix(ctx, s.root())
 }
 
-func (s *S3Store) Stage(ctx context.Context, key string) (store.Stager, error) {
+func (s *Store) Stage(ctx context.Context, key string) (store.Stager, error) {
+	if err := store.CheckKey(key); err != nil || store.IsForeign(key) {
+		return nil, amlerr.New(amlerr.InvalidStore, key, "not an artifact key of this store")
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, s.Parallel))
 	return &s3Stager{s: s, key: key, folder: strings.HasSuffix(key, "/"), g: g, gctx: gctx}, nil
@@ -251,7 +265,7 @@ func (s *S3Store) Stage(ctx context.Context, key string) (store.Stager, error) {
 // object is in place: a folder revision without its manifest is incomplete
 // and the index never names it before publication.
 type s3Stager struct {
-	s      *S3Store
+	s      *Store
 	key    string
 	folder bool
 	g      *errgroup.Group
@@ -454,6 +468,10 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 }
 
 func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp)) error {
+	if err := store.CheckKey(fromKey); err != nil {
+		store.CloseLocal(local)
+		return err
+	}
 	key, err := st.objectKey(name)
 	if err != nil {
 		store.CloseLocal(local)
@@ -521,7 +539,10 @@ func (st *s3Stager) Abort(ctx context.Context) error {
 // SameObject reports whether keys a and b have the same ETag: a revision
 // reuses an unchanged file of the previous one with a server-side copy,
 // which keeps it.
-func (s *S3Store) SameObject(ctx context.Context, a, b string) bool {
+func (s *Store) SameObject(ctx context.Context, a, b string) bool {
+	if store.CheckKey(a) != nil || store.CheckKey(b) != nil {
+		return false
+	}
 	ha, err := s.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(a))})
 	if err != nil || ha.ETag == nil {
 		return false

@@ -1,0 +1,142 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+	"github.com/amlfs/amlfs/revision/store/dirstore"
+	"github.com/amlfs/amlfs/revision/store/memstore"
+)
+
+// storeKinds are the stores the engine's tests run on: a directory and
+// memory. (The S3 store passes the same conformance suite, against a real
+// server, in the integration suite.)
+var storeKinds = []string{"dir", "mem"}
+
+// testBase is one store base of a test.
+type testBase struct {
+	kind string
+	dir  string // the directory store's base
+	mem  *memstore.Base
+}
+
+func newBase(t *testing.T, kind string) testBase {
+	b := testBase{kind: kind}
+	switch kind {
+	case "dir":
+		b.dir = t.TempDir()
+	case "mem":
+		b.mem = memstore.NewBase()
+	default:
+		t.Fatalf("store kind %q", kind)
+	}
+	return b
+}
+
+// forStores runs fn once per store kind, as subtests.
+func forStores(t *testing.T, fn func(t *testing.T, kind string)) {
+	for _, kind := range storeKinds {
+		t.Run(kind, func(t *testing.T) { fn(t, kind) })
+	}
+}
+
+func (b testBase) store(t *testing.T, id string) store.Family {
+	t.Helper()
+	var (
+		s   store.Family
+		err error
+	)
+	if b.mem != nil {
+		s, err = memstore.New(b.mem, id)
+	} else {
+		s, err = dirstore.New(b.dir, id)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// revisions lists workspace id's revision artifacts in the store.
+func (b testBase) revisions(t *testing.T, id string) []string {
+	t.Helper()
+	keys, err := b.store(t, id).Artifacts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, k := range keys {
+		if strings.HasPrefix(k, "revisions/") {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// read returns the object at key of workspace id.
+func (b testBase) read(t *testing.T, id, key string) []byte {
+	t.Helper()
+	r, err := b.store(t, id).Open(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	data, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func readManifest(t *testing.T, b testBase, id string, e format.Entry) *format.Manifest {
+	t.Helper()
+	m, err := format.ParseManifest("m", b.read(t, id, e.Path+"manifest.json"), format.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestSaveOnFailingStore: a save whose store fails (at any step) reports
+// the failure, publishes nothing, leaves no artifact behind once the store
+// heals, and the next save succeeds.
+func TestSaveOnFailingStore(t *testing.T) {
+	for _, op := range []string{"put", "commit", "publish"} {
+		t.Run(op, func(t *testing.T) {
+			ctx := context.Background()
+			base, src := newBase(t, "mem"), t.TempDir()
+			writeTree(t, src, map[string]string{"a.txt": "a", "d/b.txt": "b"})
+			w := openWS(t, base, "f", Options{Retention: 2})
+			first, err := w.Save(ctx, src, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeTree(t, src, map[string]string{"a.txt": "changed"})
+			injected := errors.New("injected " + op + " failure")
+			base.mem.Fail(func(o, key string) error {
+				if o == op {
+					return injected
+				}
+				return nil
+			})
+			if _, err := w.Save(ctx, src, format.Selection{}, ""); !errors.Is(err, injected) {
+				t.Fatalf("save on a failing store: %v", err)
+			}
+			base.mem.Fail(nil)
+			if cur := w.Index().Current; cur != first.Entry.ID {
+				t.Fatalf("current moved to %s", cur)
+			}
+			if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+				t.Fatalf("save after the store healed: %v", err)
+			}
+			if got := base.revisions(t, "f"); len(got) != 2 {
+				t.Errorf("artifacts after a failed and a good save: %v", got)
+			}
+		})
+	}
+}
