@@ -116,20 +116,3 @@ const (
 	ExitSave       = 4
 	ExitRevisionID = 5
 )
-
-// ExitStatus maps err to the documented process exit status.
-func ExitStatus(err error) int {
-	switch {
-	case err == nil:
-		return ExitOK
-	case Has(err, InvalidConfig):
-		return ExitUsage
-	case Has(err, WorkspaceConflict), Has(err, PublishConflict):
-		return ExitConflict
-	case Has(err, RevisionIDConflict):
-		return ExitRevisionID
-	case Has(err, SaveFailed):
-		return ExitSave
-	}
-	return ExitOther
-}

@@ -1,38 +1,22 @@
 package fuse
 
 import (
-	"context"
-	"errors"
-	"io/fs"
 	"log/slog"
 	"syscall"
+
+	"github.com/amlfs/amlfs/amlerr"
 )
 
-// ToErrno maps an error to the errno the kernel sees. It is the one place
-// amlfs does this: wrapped sentinels are matched with errors.Is and As, a
-// cancelled context is EINTR, and anything unknown is EIO, logged once with
-// the original error.
+// ToErrno maps an error to the errno the kernel sees, by amlfs's one
+// error table (amlerr.Errno): a wrapped errno is itself, a cancelled
+// context EINTR, a coded error its code's errno. Anything unknown is EIO,
+// logged with the original error.
 func ToErrno(log *slog.Logger, op, path string, err error) syscall.Errno {
 	if err == nil {
 		return 0
 	}
-	var errno syscall.Errno
-	switch {
-	case errors.As(err, &errno):
-		return errno
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return syscall.EINTR
-	case errors.Is(err, fs.ErrNotExist):
-		return syscall.ENOENT
-	case errors.Is(err, fs.ErrExist):
-		return syscall.EEXIST
-	case errors.Is(err, fs.ErrPermission):
-		return syscall.EACCES
-	case errors.Is(err, errors.ErrUnsupported):
-		return syscall.ENOTSUP
-	}
-	if log != nil {
+	if _, known := amlerr.Classify(err); !known && log != nil {
 		log.Error("I/O error", "op", op, "path", path, "err", err)
 	}
-	return syscall.EIO
+	return amlerr.Errno(err)
 }

@@ -35,17 +35,11 @@ import (
 //	GET  /v1/tools                      -> [{name, description, inputSchema}]
 //	POST /v1/tools/NAME  {arguments}    -> the tool's result
 //
-// A failed tool call answers {"error":{"code":C,"message":M,"path":P}}
-// with 400 (bad arguments, a path leaving the mount, no or many matches),
-// 403 (EROFS, EACCES, EPERM), 404 (ENOENT), 409 (EEXIST, ENOTEMPTY) or 500.
-//
-// Errors are {"error":..., "code":..., "exitCode":N} with a 4xx/5xx status.
-
-type apiError struct {
-	Error    string `json:"error"`
-	Code     string `json:"code,omitempty"`
-	ExitCode int    `json:"exitCode"`
-}
+// Every error answers one envelope, {"error":{"code":C,"message":M,
+// "path":P,"exitCode":N}}, with the status the error table gives its code
+// (amlerr): 400 for bad arguments or configuration, 403 for EACCES, EPERM
+// and EROFS, 404 for ENOENT and an unknown tool, 409 for conflicts, 500
+// for the rest.
 
 type control struct {
 	srv  *http.Server
@@ -66,36 +60,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeErr(w http.ResponseWriter, err error) {
-	status := http.StatusInternalServerError
-	code := amlerr.Code(err)
-	switch amlerr.ExitStatus(err) {
-	case amlerr.ExitUsage:
-		status = http.StatusBadRequest
-	case amlerr.ExitConflict, amlerr.ExitRevisionID:
-		status = http.StatusConflict
-	}
-	writeJSON(w, status, apiError{Error: err.Error(), Code: code, ExitCode: amlerr.ExitStatus(err)})
-}
-
-// writeToolErr answers a failed tool call.
-func writeToolErr(w http.ResponseWriter, err error) {
-	var te *tools.Error
-	if !errors.As(err, &te) {
-		te = &tools.Error{Code: "EIO", Message: err.Error()}
-	}
-	status := http.StatusInternalServerError
-	switch te.Code {
-	case tools.CodeInvalid, tools.CodeEscape, tools.CodeNoMatch, tools.CodeManyMatch, tools.CodeTooLarge, tools.CodeNotRegular,
-		"EISDIR", "ENOTDIR", "EINVAL", "ENAMETOOLONG", "EXDEV":
-		status = http.StatusBadRequest
-	case tools.CodeUnknown, "ENOENT":
-		status = http.StatusNotFound
-	case "EROFS", "EACCES", "EPERM":
-		status = http.StatusForbidden
-	case "EEXIST", "ENOTEMPTY", "EBUSY":
-		status = http.StatusConflict
-	}
-	writeJSON(w, status, map[string]*tools.Error{"error": te})
+	writeJSON(w, amlerr.HTTPStatus(err), amlerr.Envelope{Error: amlerr.BodyOf(err)})
 }
 
 func decodeBody(r *http.Request, v any) error {
@@ -173,7 +138,7 @@ func (d *Daemon) serveControl() (*control, error) {
 		select {
 		case d.stopReqs <- sr:
 		default:
-			writeErr(w, errors.New("the daemon is already stopping"))
+			writeErr(w, amlerr.New(amlerr.DaemonStopped, "", "the daemon is already stopping"))
 			return
 		}
 		writeJSON(w, http.StatusOK, <-sr.done)
@@ -218,7 +183,7 @@ func (d *Daemon) serveControl() (*control, error) {
 			return
 		}
 		if len(args) > tools.MaxArgsBytes {
-			writeToolErr(w, &tools.Error{Code: tools.CodeTooLarge, Message: fmt.Sprintf("the call's arguments are over %d bytes: write large files in parts, or through the shell", tools.MaxArgsBytes)})
+			writeErr(w, &tools.Error{Code: tools.CodeTooLarge, Message: fmt.Sprintf("the call's arguments are over %d bytes: write large files in parts, or through the shell", tools.MaxArgsBytes)})
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), d.cfg.ToolTimeout)
@@ -228,7 +193,7 @@ func (d *Daemon) serveControl() (*control, error) {
 			d.fs.Touch()
 		}
 		if err != nil {
-			writeToolErr(w, err)
+			writeErr(w, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, out)
@@ -374,11 +339,11 @@ func (c *Client) request(ctx context.Context, method, path string, body, out any
 		return err
 	}
 	if status != http.StatusOK {
-		var ae apiError
-		if json.Unmarshal(data, &ae) != nil || ae.Error == "" {
+		var env amlerr.Envelope
+		if json.Unmarshal(data, &env) != nil || env.Error.Code == "" {
 			return fmt.Errorf("control socket: %d %s: %s", status, http.StatusText(status), data)
 		}
-		return amlerr.FromMessage(ae.Code, ae.Error)
+		return env.Error.Err()
 	}
 	return json.Unmarshal(data, out)
 }
@@ -411,13 +376,11 @@ func (c *Client) Tool(ctx context.Context, name string, args json.RawMessage) (j
 		return nil, err
 	}
 	if status != http.StatusOK {
-		var out struct {
-			Error *tools.Error `json:"error"`
-		}
-		if json.Unmarshal(data, &out) != nil || out.Error == nil {
+		var env amlerr.Envelope
+		if json.Unmarshal(data, &env) != nil || env.Error.Code == "" {
 			return nil, fmt.Errorf("control socket: %d %s: %s", status, http.StatusText(status), data)
 		}
-		return nil, out.Error
+		return nil, &tools.Error{Code: env.Error.Code, Message: env.Error.Message, Path: env.Error.Path}
 	}
 	return data, nil
 }

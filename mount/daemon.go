@@ -238,10 +238,9 @@ type stopRequest struct {
 
 // StopResult is the outcome of stopping the daemon.
 type StopResult struct {
-	Saved    *SaveInfo `json:"saved,omitempty"`
-	Error    string    `json:"error,omitempty"`
-	Code     string    `json:"code,omitempty"`
-	ExitCode int       `json:"exitCode"`
+	Saved    *SaveInfo    `json:"saved,omitempty"`
+	Error    *amlerr.Body `json:"error,omitempty"`
+	ExitCode int          `json:"exitCode"`
 }
 
 type workState struct {
@@ -750,10 +749,10 @@ func (d *Daemon) loop(ctx context.Context) error {
 }
 
 func resultErr(res StopResult) error {
-	if res.Error == "" {
+	if res.Error == nil {
 		return nil
 	}
-	return amlerr.FromMessage(res.Code, res.Error)
+	return res.Error.Err()
 }
 
 // stop unmounts, saves per policy, and releases the lease.
@@ -807,10 +806,11 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		thaw()
 		if err != nil {
 			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "provider", "workspace", "op", "save", "path", d.workDir, "err", err)
-			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitStatus(err)
-			if res.Code == "" {
-				res.Code, res.ExitCode = amlerr.SaveFailed, amlerr.ExitSave
+			if amlerr.Code(err) == "" {
+				err = amlerr.Wrap(amlerr.SaveFailed, d.workDir, err)
 			}
+			body := amlerr.BodyOf(err)
+			res.Error, res.ExitCode = &body, body.ExitCode
 		} else {
 			res.Saved = &info
 		}
@@ -833,14 +833,15 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	}
 	if err := d.ws.Close(context.WithoutCancel(ctx)); err != nil {
 		d.log.Error("release lock", "provider", "workspace", "op", "release", "path", d.ws.Store().String(), "err", err)
-		if res.Error == "" {
-			res.Error, res.Code, res.ExitCode = err.Error(), amlerr.Code(err), amlerr.ExitOther
+		if res.Error == nil {
+			body := amlerr.BodyOf(err)
+			res.Error, res.ExitCode = &body, amlerr.ExitOther
 		}
 	}
 	d.mu.Lock()
 	dirty := d.dirtyLocked()
 	d.mu.Unlock()
-	if res.Error == "" && (!dirty || d.cfg.Save == SaveNever || req.noSave) {
+	if res.Error == nil && (!dirty || d.cfg.Save == SaveNever || req.noSave) {
 		// Nothing unsaved is worth keeping: drop the working tree.
 		if dirty {
 			d.log.Info("discarding unsaved changes (save disabled)")

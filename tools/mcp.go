@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -42,7 +43,7 @@ func NewMCPServer(version string, call Caller, readOnly bool) *mcp.Server {
 					if !errors.As(err, &te) {
 						return nil, err
 					}
-					data, _ := json.Marshal(map[string]*Error{"error": te})
+					data, _ := json.Marshal(amlerr.Envelope{Error: te.Body()})
 					return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: string(data)}}}, nil
 				}
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(out)}}, StructuredContent: out}, nil

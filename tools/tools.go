@@ -32,6 +32,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/bmatcuk/doublestar/v4"
 	"golang.org/x/sys/unix"
 )
@@ -66,17 +67,25 @@ type Error struct {
 	Path    string `json:"path,omitempty"`
 }
 
-// Codes of errors that are not an errno.
+// Codes of errors that are not an errno, from the one error table.
 const (
-	CodeEscape     = "PATH_ESCAPES_MOUNT"
-	CodeInvalid    = "INVALID_ARGUMENT"
-	CodeNoMatch    = "NO_MATCH"
-	CodeManyMatch  = "MULTIPLE_MATCHES"
-	CodeTooLarge   = "TOO_LARGE"
-	CodeUnknown    = "UNKNOWN_TOOL"
-	CodeNotRegular = "NOT_A_REGULAR_FILE"
-	CodeTimeout    = "TIMEOUT"
+	CodeEscape     = amlerr.PathEscapes
+	CodeInvalid    = amlerr.InvalidArg
+	CodeNoMatch    = amlerr.NoMatch
+	CodeManyMatch  = amlerr.ManyMatches
+	CodeTooLarge   = amlerr.TooLarge
+	CodeUnknown    = amlerr.UnknownTool
+	CodeNotRegular = amlerr.NotRegular
+	CodeTimeout    = amlerr.Timeout
 )
+
+// ErrorCode is e's code word (amlerr.Coder).
+func (e *Error) ErrorCode() string { return e.Code }
+
+// Body is e as every API answers it (amlerr.Bodied).
+func (e *Error) Body() amlerr.Body {
+	return amlerr.Body{Code: e.Code, Message: e.Message, Path: e.Path}
+}
 
 // timedOut is the error of a call that ran past its deadline, or whose
 // client went away.
@@ -105,7 +114,8 @@ func errno(p string, err error) *Error {
 	if errors.As(err, &en) {
 		return &Error{Code: unix.ErrnoName(en), Message: en.Error(), Path: p}
 	}
-	return &Error{Code: "EIO", Message: err.Error(), Path: p}
+	r, _ := amlerr.Classify(err)
+	return &Error{Code: r.Code, Message: err.Error(), Path: p}
 }
 
 // FS runs tool calls against the tree under a directory (the mount's

@@ -81,8 +81,8 @@ func execCommand() *cli.Command {
 			if runErr != nil {
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: %v\n", runErr)
 			}
-			if res.Error != "" {
-				fmt.Fprintf(c.App.ErrWriter, "amlfs: save failed: %s; the command exited %d\n", res.Error, status)
+			if res.Error != nil {
+				fmt.Fprintf(c.App.ErrWriter, "amlfs: save failed: %s; the command exited %d\n", res.Error.Message, status)
 				return exitStatus(amlerr.ExitSave)
 			}
 			switch {

@@ -310,8 +310,8 @@ func unmountCommand() *cli.Command {
 					if last.Saved != nil {
 						state = "saved revision " + last.Saved.Revision
 						fmt.Fprintln(c.App.Writer, last.Saved.Revision)
-					} else if last.Error != "" {
-						state = "its save failed: " + last.Error
+					} else if last.Error != nil {
+						state = "its save failed: " + last.Error.Message
 					}
 					fmt.Fprintf(c.App.ErrWriter, "amlfs: %s was already unmounted at %s (workspace %s, %s); nothing to do\n", mp, last.StoppedAt.Format(time.RFC3339), last.ID, state)
 					return nil
@@ -322,8 +322,8 @@ func unmountCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if res.Error != "" {
-				return amlerr.FromMessage(res.Code, res.Error)
+			if res.Error != nil {
+				return res.Error.Err()
 			}
 			if res.Saved != nil {
 				fmt.Fprintln(c.App.Writer, res.Saved.Revision)

@@ -34,7 +34,7 @@ func toolCommand() *cli.Command {
 				}
 			}
 			if len(args) > tools.MaxArgsBytes {
-				data, _ := json.MarshalIndent(map[string]*tools.Error{"error": {Code: tools.CodeTooLarge,
+				data, _ := json.MarshalIndent(amlerr.Envelope{Error: amlerr.Body{Code: tools.CodeTooLarge,
 					Message: fmt.Sprintf("the call's arguments are over %d bytes: write large files in parts, or through the shell", tools.MaxArgsBytes)}}, "", "  ")
 				fmt.Fprintln(c.App.Writer, string(data))
 				return exitStatus(1)
@@ -46,7 +46,7 @@ func toolCommand() *cli.Command {
 			out, err := cl.Tool(c.Context, name, args)
 			var te *tools.Error
 			if errors.As(err, &te) {
-				data, _ := json.MarshalIndent(map[string]*tools.Error{"error": te}, "", "  ")
+				data, _ := json.MarshalIndent(amlerr.Envelope{Error: te.Body()}, "", "  ")
 				fmt.Fprintln(c.App.Writer, string(data))
 				return exitStatus(1)
 			}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/amlfs/amlfs/amlerr"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -638,4 +639,4 @@ func (n *Node) Flush(ctx context.Context, f gofs.FileHandle) syscall.Errno {
 }
 
 // errnoOf maps a system call's error; they are all syscall.Errno here.
-func errnoOf(err error) syscall.Errno { return gofs.ToErrno(err) }
+func errnoOf(err error) syscall.Errno { return amlerr.Errno(err) }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/cache"
 	amlfuse "github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/s3client"
@@ -235,7 +237,8 @@ func (l *Live) keyOf(e *ent) string {
 func (l *Live) url(key string) string { return "s3://" + l.o.Bucket + "/" + key }
 
 // errno maps a bucket error to the errno the kernel sees, logs what is
-// not a plain miss, and records the mount's health.
+// not a plain miss, and records the mount's health. S3's answers are
+// turned into the errors the one table knows (amlerr.Errno).
 func (l *Live) errno(op, key string, err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -244,26 +247,24 @@ func (l *Live) errno(op, key string, err error) syscall.Errno {
 	var oe *net.OpError
 	var ue *url.Error
 	switch {
-	case errors.As(err, &oe), errors.As(err, &ue):
+	case errors.As(err, &oe), errors.As(err, &ue), errors.Is(err, context.DeadlineExceeded):
 		// The bucket is unreachable: not the errno of a local call
-		// (ECONNREFUSED) but EIO, below. (Not net.Error: a plain
-		// syscall.Errno, such as the cache disk's EFBIG or ENOSPC,
-		// implements it too.)
-	case errors.As(err, &en):
-		return en
-	case errors.Is(err, context.Canceled):
-		return syscall.EINTR
+		// (ECONNREFUSED) but STORE_UNREACHABLE's, EIO. (Not net.Error:
+		// a plain syscall.Errno, such as the cache disk's EFBIG or
+		// ENOSPC, implements it too.)
+		err = amlerr.New(amlerr.StoreOffline, l.url(key), "%v", err)
+	case errors.As(err, &en), errors.Is(err, context.Canceled):
+		return amlerr.Errno(err)
 	case s3client.IsNotFound(err) && s3client.Code(err) != "NoSuchBucket":
-		return syscall.ENOENT
+		return amlerr.Errno(fs.ErrNotExist)
 	case s3client.Code(err) == "KeyTooLongError":
-		return syscall.ENAMETOOLONG
+		return amlerr.Errno(syscall.ENAMETOOLONG)
+	case s3client.Status(err) == http.StatusForbidden:
+		err = fmt.Errorf("%w: %w", fs.ErrPermission, err)
 	}
 	l.setHealth(err)
 	l.o.Log.Error("s3 live mount", "op", op, "path", l.url(key), "err", err)
-	if s := s3client.Status(err); s == http.StatusForbidden {
-		return syscall.EACCES
-	}
-	return syscall.EIO
+	return amlerr.Errno(err)
 }
 
 func (l *Live) setHealth(err error) {
