@@ -141,7 +141,8 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 	// may cache entries and attributes long; amlfs invalidates what it
 	// changes itself. go-fuse would leave a SETATTR reply's time at 0,
 	// which makes the kernel ask again right after every chmod.
-	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown})
+	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown,
+		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }})
 	if err != nil {
 		return nil, err
 	}
@@ -369,6 +370,10 @@ func (f *FS) Mark() int64 { return f.Changes() }
 
 // Close is a no-op: Unmount ends the FUSE session.
 func (f *FS) Close() {}
+
+// Stranded is false: through FUSE every read reaches the daemon, and a
+// detached mount's readers get errors, never a placeholder's holes.
+func (f *FS) Stranded() bool { return false }
 
 // Wait blocks until the file system is unmounted.
 func (f *FS) Wait() { f.server.Wait() }

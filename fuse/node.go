@@ -22,16 +22,6 @@ type node struct {
 	fs *FS
 }
 
-var _ = (gofs.NodeWrapChilder)((*node)(nil))
-
-func (n *node) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
-	ln, ok := ops.(*loopback.Node)
-	if !ok {
-		return ops // a live mount's root: its provider's own node
-	}
-	return &node{Node: ln, fs: n.fs}
-}
-
 // mutate runs a change under the barrier's read side and records it.
 func (n *node) mutate() func() {
 	n.fs.barrier.RLock()

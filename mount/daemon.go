@@ -24,7 +24,6 @@ import (
 	"github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/metrics"
 	"github.com/amlfs/amlfs/mount/mountpoint"
-	"github.com/amlfs/amlfs/native"
 	"github.com/amlfs/amlfs/providers/local"
 	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
@@ -113,6 +112,10 @@ type server interface {
 	Unmount(wait time.Duration, lazy bool) error
 	// Close frees what serving held, after the unmount.
 	Close()
+	// Stranded reports placeholders that processes still holding a
+	// detached mount could read once the daemon is gone (natively: the
+	// mount outlives its unmount, and no one would fill them).
+	Stranded() bool
 }
 
 // SaveInfo describes the last save.
@@ -227,6 +230,16 @@ type MountStatus struct {
 type liveProvider interface {
 	Health() error
 	Refresh(sub string) error
+}
+
+// queued is a live mount that sends its writes later (S3): Pending counts
+// those not sent yet.
+type queued interface{ Pending() int }
+
+// cacheReader is a live mount that reads through the daemon's data cache.
+type cacheReader interface {
+	CacheReads() (hits, misses int64)
+	Cache() *cache.Cache
 }
 
 type stopRequest struct {
@@ -816,7 +829,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		}
 	}
 	d.setPhase("releasing")
-	if n, ok := d.fs.(*native.Server); ok && n.Detached() && n.Pending() > 0 {
+	if d.fs.Stranded() {
 		// Processes still hold the detached mount's files open: give
 		// them every placeholder's bytes before the daemon goes, within
 		// one fetch timeout.
@@ -1104,8 +1117,8 @@ func (d *Daemon) Status() Status {
 		if err := p.Health(); err != nil {
 			ms.Health = err.Error()
 		}
-		if s, ok := p.(*s3p.Live); ok {
-			ms.Pending = s.Pending()
+		if q, ok := p.(queued); ok {
+			ms.Pending = q.Pending()
 		}
 		st.Mounts = append(st.Mounts, ms)
 	}

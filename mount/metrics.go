@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/amlfs/amlfs/amlerr"
-	s3p "github.com/amlfs/amlfs/providers/s3"
 	"github.com/amlfs/amlfs/revision"
 )
 
@@ -109,11 +108,13 @@ func (d *Daemon) registerGauges() {
 	for i, p := range d.live {
 		labels := prometheus.Labels{"mount": d.cfg.Live[i].Prefix}
 		m.Gauge("live_healthy", "1 if the live mount's last request succeeded.", labels, func() float64 { return boolGauge(p.Health() == nil) })
-		l, ok := p.(*s3p.Live)
+		if q, ok := p.(queued); ok {
+			m.Gauge("live_pending_operations", "Uploads and deletes an S3 live mount has not sent yet.", labels, func() float64 { return float64(q.Pending()) })
+		}
+		l, ok := p.(cacheReader)
 		if !ok {
 			continue
 		}
-		m.Gauge("live_pending_operations", "Uploads and deletes an S3 live mount has not sent yet.", labels, func() float64 { return float64(l.Pending()) })
 		m.Counter("cache_hits_total", "Reads reaching the daemon whose bytes were in the cache.", labels, func() float64 { h, _ := l.CacheReads(); return float64(h) })
 		m.Counter("cache_misses_total", "Reads reaching the daemon that had to fetch bytes.", labels, func() float64 { _, n := l.CacheReads(); return float64(n) })
 		if !cached {

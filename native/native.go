@@ -566,6 +566,10 @@ func (s *Server) Close() {
 // Detached reports whether Unmount had to detach a busy mount.
 func (s *Server) Detached() bool { return s.detached.Load() }
 
+// Stranded reports a detached mount that still has placeholders: processes
+// holding it open could read them once the daemon is gone.
+func (s *Server) Stranded() bool { return s.Detached() && s.Pending() > 0 }
+
 func (s *Server) closeFDs() {
 	for _, fd := range []*int{&s.hsm, &s.notify, &s.stop[0], &s.stop[1]} {
 		if *fd >= 0 {

@@ -327,3 +327,22 @@ func TestShared(t *testing.T) {
 		t.Errorf("open of a removed file: %v", en)
 	}
 }
+
+type wrapped struct{ *Node }
+
+// TestWrap: every node below the root is made through Options.Wrap, so a
+// user of the tree adds to its nodes with no type assertion.
+func TestWrap(t *testing.T) {
+	var made []*Node
+	r := newRig(t, Options{Wrap: func(n *Node) gofs.InodeEmbedder { made = append(made, n); return &wrapped{n} }})
+	os.Mkdir(filepath.Join(r.dir, "d"), 0o755)
+	d := r.mustLookup(1, "d").NodeId
+	if _, fh, en := r.create(d, "f", 0o644); en != 0 {
+		t.Fatal(en)
+	} else {
+		_ = fh
+	}
+	if len(made) != 2 {
+		t.Fatalf("Wrap made %d nodes, want 2", len(made))
+	}
+}

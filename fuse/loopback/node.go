@@ -145,7 +145,12 @@ func (r *Root) attrTimeout(out *fuse.AttrOut) {
 // child makes the node of a backing inode found or made in n, holding b.
 func (n *Node) child(ctx context.Context, b *backing, st *unix.Statx_t, out *fuse.EntryOut) *gofs.Inode {
 	n.root.entry(st, out)
-	return n.NewInode(ctx, newNode(n.root, b), n.root.stableAttr(st))
+	nn := newNode(n.root, b)
+	var ops gofs.InodeEmbedder = nn
+	if w := n.root.opts.Wrap; w != nil {
+		ops = w(nn)
+	}
+	return n.NewInode(ctx, ops, n.root.stableAttr(st))
 }
 
 // adopt makes the node of a backing inode that fd (any descriptor of it,

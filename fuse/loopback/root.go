@@ -47,6 +47,10 @@ type Options struct {
 	// Shown, if set, gives some inodes other stat data than the backing
 	// inode's own: the workspace shows restored files as they were saved.
 	Shown Shown
+	// Wrap, if set, wraps every node the tree makes below its root, for
+	// what its user adds (lazy restore and change tracking, or a watch).
+	// New returns the root unwrapped; its user wraps it the same way.
+	Wrap func(*Node) gofs.InodeEmbedder
 }
 
 // Shown maps a backing inode's number and ctime to the ones the mount

@@ -78,15 +78,15 @@ func New(opts Options) (*Provider, error) {
 		return nil, fmt.Errorf("%s is not a directory", opts.Dir)
 	}
 	// A miss is cached for Timeout too, not for the workspace's hour.
-	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.RO, Tag: opts.Tag, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shared: true})
+	p := &Provider{opts: opts, watched: map[string]bool{}, done: make(chan struct{})}
+	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.RO, Tag: opts.Tag, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shared: true,
+		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, p: p} }})
 	if err != nil {
 		return nil, err
 	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
+	if p.watcher, err = fsnotify.NewWatcher(); err != nil {
 		return nil, fmt.Errorf("fsnotify: %w", err)
 	}
-	p := &Provider{opts: opts, watcher: w, watched: map[string]bool{}, done: make(chan struct{})}
 	p.root = &node{Node: lroot, p: p}
 	go p.watch()
 	return p, nil
@@ -220,12 +220,6 @@ func (p *Provider) Refresh(rel string) error {
 type node struct {
 	*loopback.Node
 	p *Provider
-}
-
-var _ = (gofs.NodeWrapChilder)((*node)(nil))
-
-func (n *node) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.InodeEmbedder {
-	return &node{Node: ops.(*loopback.Node), p: n.p}
 }
 
 // abs is the node's host path, for the watch only: every file operation
