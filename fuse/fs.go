@@ -58,7 +58,7 @@ type Options struct {
 	// Ops, if set, is told of every request served, for metrics.
 	Ops OpObserver
 	// Shown, if set, is the stat data shown for restored files, which
-	// may differ from the working directory's (revision.Shown).
+	// may differ from the working directory's (fuse/shown).
 	Shown loopback.Shown
 }
 

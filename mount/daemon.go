@@ -22,6 +22,7 @@ import (
 	"github.com/amlfs/amlfs/atomicfile"
 	"github.com/amlfs/amlfs/cache"
 	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/fuse/shown"
 	"github.com/amlfs/amlfs/metrics"
 	"github.com/amlfs/amlfs/mount/mountpoint"
 	"github.com/amlfs/amlfs/providers/local"
@@ -44,6 +45,8 @@ type Daemon struct {
 	slot  *os.File // flock'd claim on the working-directory slot
 	ws    *revision.Workspace
 	fs    server
+	// shown is the stat data the FUSE mount shows for restored files.
+	shown *shown.Shown
 	// at is the mountpoint, resolved once (mountpoint.Open); tools serve
 	// tool calls beneath the mount's root, held from the mount on.
 	at    *mountpoint.Dir
@@ -389,7 +392,14 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.slot = slot
 	d.setPhase("locking")
-	ws, err := revision.Open(ctx, st, revision.Options{ID: cfg.ID, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
+	// Through FUSE, restored files show the stat data they were saved
+	// with; natively, the disk's own.
+	var view revision.StatView
+	if d.serve != ServeNative {
+		d.shown = shown.New()
+		view = d.shown
+	}
+	ws, err := revision.Open(ctx, st, revision.Options{ID: cfg.ID, View: view, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
 		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog,
 		Watch: d.saveWatch(), FetchTimeout: cfg.FetchTimeout})
@@ -420,7 +430,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	} else {
 		fsys, err = fuse.Mount(d.at, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
 			Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
-			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.ws.Shown(),
+			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.shown,
 		})
 	}
 	if err != nil {

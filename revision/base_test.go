@@ -3,10 +3,14 @@ package revision
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/amlfs/amlfs/fuse/shown"
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
 	"github.com/amlfs/amlfs/revision/store/dirstore"
@@ -136,6 +140,52 @@ func TestSaveOnFailingStore(t *testing.T) {
 			}
 			if got := base.revisions(t, "f"); len(got) != 2 {
 				t.Errorf("artifacts after a failed and a good save: %v", got)
+			}
+		})
+	}
+}
+
+// TestViewKeepsSavedStat: with a view of the stat data the mount shows
+// (fuse/shown), a tree restored and saved again untouched records the
+// inode numbers and ctimes it was first saved with; without one, the
+// disk's own.
+func TestViewKeepsSavedStat(t *testing.T) {
+	for _, withView := range []bool{true, false} {
+		t.Run(fmt.Sprint("view=", withView), func(t *testing.T) {
+			ctx := context.Background()
+			base, src := newBase(t, "mem"), t.TempDir()
+			writeTree(t, src, map[string]string{"a.txt": "a", "d/b.txt": "b"})
+			w := openWS(t, base, "v", Options{Retention: 3})
+			first, err := w.Save(ctx, src, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Close(ctx)
+			opts := Options{Retention: 3}
+			if withView {
+				opts.View = shown.New()
+			}
+			w2 := openWS(t, base, "v", opts)
+			dst := filepath.Join(t.TempDir(), "w")
+			if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+				t.Fatal(err)
+			}
+			second, err := w2.Save(ctx, dst, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			stats := func(e format.Entry) map[string]format.EntryStat {
+				out := map[string]format.EntryStat{}
+				for _, te := range readManifest(t, base, "v", e).Tree() {
+					if te.Type == format.TypeFile {
+						out[te.Path] = format.EntryStat{Ino: te.Stat.Ino, Ctime: te.Stat.Ctime}
+					}
+				}
+				return out
+			}
+			a, b := stats(first.Entry), stats(second.Entry)
+			if same := reflect.DeepEqual(a, b); same != withView {
+				t.Errorf("saved stat data the same: %v, want %v\nfirst  %v\nsecond %v", same, withView, a, b)
 			}
 		})
 	}

@@ -91,8 +91,8 @@ func newLazy(dir string) *lazyState {
 // it), it is taken as is; anything else there is left alone. Raw syscalls:
 // an *os.File would register each descriptor with the runtime poller,
 // which costs more than the placeholder itself.
-// shown, if not nil, is told of a placeholder made here.
-func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, shown *Shown) (store.Stamp, error) {
+// view, if not nil, is told of a placeholder made here.
+func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, view StatView) (store.Stamp, error) {
 	fd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if errors.Is(err, unix.ENOENT) {
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
@@ -141,8 +141,8 @@ func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, 
 		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
 			return store.Stamp{}, err
 		}
-		if shown != nil {
-			shown.restored(&st, te)
+		if view != nil {
+			view.Restored(&st, te)
 		}
 	case errors.Is(err, unix.EEXIST):
 		buf := make([]byte, len(key)+1)
@@ -578,7 +578,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 		if b := w.baseTree(); b != nil {
 			b.refresh(pf.origPath, ino, after)
 		}
-		w.shown.filled(ino, after.Ctime.Nano())
+		w.view.Filled(ino, after.Ctime.Nano())
 	}
 	w.lmu.Lock()
 	fn := w.onFilled

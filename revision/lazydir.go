@@ -185,10 +185,10 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	loaded := d.revs[pd.rev]
 	d.mu.Unlock()
 	// The stat data saved with the revision show only for a restore made
-	// in this process, whose numbers Shown knows from the start.
-	shown := w.shown
+	// in this process, whose numbers the view knows from the start.
+	view := w.view
 	if !loaded {
-		shown = nil
+		view = nil
 		// Resumed after a crash: read the revision's manifest again.
 		m, err := w.manifest(ctx, format.Entry{Path: pd.rev, Format: format.FormatFolder})
 		if err != nil {
@@ -210,7 +210,7 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	}
 	for _, te := range files {
 		key := pd.rev + "files/" + te.Path
-		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key, shown)
+		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key, view)
 		if err != nil {
 			return err
 		}

@@ -57,8 +57,11 @@ type Options struct {
 	// entries), retries and all: a reader waits at most this long, then
 	// gets EIO (DefaultFetchTimeout if 0).
 	FetchTimeout time.Duration
-	Log          *slog.Logger
-	Now          func() time.Time
+	// View is what the serving side shows for restored files; nil shows
+	// the disk's own stat data (served natively).
+	View StatView
+	Log  *slog.Logger
+	Now  func() time.Time
 }
 
 // DefaultFetchTimeout is Options.FetchTimeout's default.
@@ -96,8 +99,8 @@ type Workspace struct {
 	// expect, once set, is the revision the tree was restored from: a
 	// save publishes only while it is still current (GUARDED_BY(mu)).
 	expect *baseExpect
-	// shown is the stat data the mount shows for restored files.
-	shown *Shown
+	// view is the stat data the mount shows for restored files.
+	view StatView
 	// fork, until the first save publishes, names the revision of
 	// another workspace the tree was forked from (GUARDED_BY(lmu)).
 	fork *format.ForkOrigin
@@ -187,7 +190,10 @@ func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, err
 	if opts.FetchTimeout <= 0 {
 		opts.FetchTimeout = DefaultFetchTimeout
 	}
-	w := &Workspace{store: store, opts: opts, log: opts.Log, shown: newShown()}
+	w := &Workspace{store: store, opts: opts, log: opts.Log, view: opts.View}
+	if w.view == nil {
+		w.view = diskView{}
+	}
 	w.fetchCtx, w.stopFetch = context.WithCancelCause(context.Background())
 	if !opts.NoLock {
 		lease, err := store.Lock(ctx, func(err error) {
@@ -360,7 +366,7 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 	if e.Format == format.FormatFolder {
 		w.setBase(recordTree(dir, e, restored))
 		// A lazy restore's placeholders are noted as they are made.
-		w.shown.record(dir, restored, lazy == nil)
+		recordView(w.view, dir, restored, lazy == nil)
 	}
 	w.lmu.Lock()
 	w.lazy = lazy
@@ -372,7 +378,7 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 // With lazy set, files become placeholders (see lazy.go).
 func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string, sel format.Selection, lazy *lazyState) ([]format.TreeEntry, error) {
 	if e.Format == format.FormatArchive {
-		w.shown.reset(nil) // an archive keeps no stat data
+		w.view.Reset(nil) // an archive keeps no stat data
 		// Validate the whole archive before extracting anything.
 		if _, err := w.Tree(ctx, e); err != nil {
 			return nil, err
@@ -389,7 +395,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string,
 		return nil, err
 	}
 	entries := sel.Filter(m.Tree())
-	w.shown.reset(entries)
+	w.view.Reset(entries)
 	var nfiles, nbytes int64
 	for _, te := range entries {
 		if te.Type == format.TypeFile {
@@ -842,7 +848,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 	// The manifest keeps the inode numbers and ctimes the mount shows.
 	for i, te := range up.entries {
 		if te.Stat.Ino != 0 {
-			ino, ctime := src.shown.saved(te.Stat.Ino, int64(te.Stat.Ctime))
+			ino, ctime := src.view.Saved(te.Stat.Ino, int64(te.Stat.Ctime))
 			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, format.Mtime(ctime)
 		}
 		if up.entries[i].Stat.Ino > format.MaxShownIno {

@@ -1,10 +1,9 @@
-package revision
+package shown
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,7 +17,7 @@ func TestShown(t *testing.T) {
 	st := func(p string) *unix.Statx_t {
 		t.Helper()
 		var s unix.Statx_t
-		if err := statx(filepath.Join(dir, p), &s); err != nil {
+		if err := unix.Statx(unix.AT_FDCWD, filepath.Join(dir, p), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &s); err != nil {
 			t.Fatal(err)
 		}
 		return &s
@@ -36,13 +35,13 @@ func TestShown(t *testing.T) {
 		{Path: "dup", Type: format.TypeFile, Stat: format.EntryStat{Ino: 7, Ctime: saved}},   // a's number again: dropped
 		{Path: "big", Type: format.TypeFile, Stat: format.EntryStat{Ino: format.MaxShownIno + 1, Ctime: saved}},
 	}
-	s := newShown()
-	s.reset(entries)
+	s := New()
+	s.Reset(entries)
 	if entries[2].Stat.Ino != 0 || entries[3].Stat.Ino != 0 {
 		t.Fatalf("a duplicate or out-of-range number was kept: %+v", entries)
 	}
-	s.restored(a, entries[0])
-	s.restored(b, entries[1])
+	s.Restored(a, entries[0])
+	s.Restored(b, entries[1])
 
 	wantCtime := unix.StatxTimestamp{Sec: int64(saved) / 1e9, Nsec: uint32(int64(saved) % 1e9)}
 	if ino, ct := s.Show(a.Ino, birth(a), a.Ctime); ino != 7 || ct != wantCtime {
@@ -59,10 +58,10 @@ func TestShown(t *testing.T) {
 	if s.DirIno(c.Ino) != cIno {
 		t.Errorf("c lists as %d, shows as %d", s.DirIno(c.Ino), cIno)
 	}
-	if ino, ct := s.saved(c.Ino, nsOf(c.Ctime)); ino != cIno || ct != nsOf(c.Ctime) {
+	if ino, ct := s.Saved(c.Ino, nsOf(c.Ctime)); ino != cIno || ct != nsOf(c.Ctime) {
 		t.Errorf("c saves as %d %d", ino, ct)
 	}
-	if ino, ct := s.saved(a.Ino, nsOf(a.Ctime)); ino != 7 || ct != int64(saved) {
+	if ino, ct := s.Saved(a.Ino, nsOf(a.Ctime)); ino != 7 || ct != int64(saved) {
 		t.Errorf("untouched a saves as %d %d", ino, ct)
 	}
 
@@ -75,12 +74,12 @@ func TestShown(t *testing.T) {
 	if ino, ct := s.Show(a2.Ino, birth(a2), a2.Ctime); ino != 7 || ct != a2.Ctime {
 		t.Errorf("changed a shows %d %v, want 7 and its real ctime %v", ino, ct, a2.Ctime)
 	}
-	if ino, ct := s.saved(a2.Ino, nsOf(a2.Ctime)); ino != 7 || ct != nsOf(a2.Ctime) {
+	if ino, ct := s.Saved(a2.Ino, nsOf(a2.Ctime)); ino != 7 || ct != nsOf(a2.Ctime) {
 		t.Errorf("changed a saves as %d %d", ino, ct)
 	}
 	// Fetching bytes in place is not a change.
 	bOld := nsOf(b.Ctime)
-	s.filled(b.Ino, bOld+5)
+	s.Filled(b.Ino, bOld+5)
 	if ino, ct := s.Show(b.Ino, birth(b), unix.StatxTimestamp{Sec: (bOld + 5) / 1e9, Nsec: uint32((bOld + 5) % 1e9)}); ino != c.Ino || ct != wantCtime {
 		t.Errorf("filled b shows %d %v", ino, ct)
 	}
@@ -96,7 +95,7 @@ func TestShown(t *testing.T) {
 // TestShownUnique: however restored numbers and new files' backing numbers
 // fall, no two inodes show one number.
 func TestShownUnique(t *testing.T) {
-	s := newShown()
+	s := New()
 	var entries []format.TreeEntry
 	for i := range 64 {
 		// Saved numbers that collide with backing numbers 1..64 and
@@ -107,12 +106,12 @@ func TestShownUnique(t *testing.T) {
 		}
 		entries = append(entries, format.TreeEntry{Path: fmt.Sprint(i), Type: format.TypeFile, Stat: format.EntryStat{Ino: ino, Ctime: 1}})
 	}
-	s.reset(entries)
+	s.Reset(entries)
 	seen := map[uint64]string{}
 	for i, e := range entries {
 		// Restored files have backing numbers 1000+.
 		st := &unix.Statx_t{Ino: uint64(1000 + i), Mask: unix.STATX_BTIME}
-		s.restored(st, e)
+		s.Restored(st, e)
 		ino, _ := s.Show(st.Ino, birth(st), st.Ctime)
 		if o, dup := seen[ino]; dup {
 			t.Fatalf("restored %d shows %d, as %s does", i, ino, o)
@@ -125,64 +124,5 @@ func TestShownUnique(t *testing.T) {
 			t.Fatalf("new file with backing number %d shows %d, as %s does", raw, ino, o)
 		}
 		seen[ino] = fmt.Sprint("new ", raw)
-	}
-}
-
-func TestEntryStatJSON(t *testing.T) {
-	for _, tc := range []struct {
-		in string
-		ok bool
-	}{
-		{`"1764882000.123456789 1234 1000 1001"`, true},
-		{`"1764882000.123456789 281474976710655 0 0"`, true},
-		{`"1764882000.123456789 281474976710656 0 0"`, false}, // over MaxShownIno
-		{`"1764882000.123456789 1234 1000"`, false},
-		{`"1764882000.1 1234 1000 1001"`, false},
-		{`"1764882000.123456789 -1 1000 1001"`, false},
-		{`"1764882000.123456789 1 4294967296 1"`, false},
-		{`1234`, false},
-	} {
-		var s format.EntryStat
-		err := s.UnmarshalJSON([]byte(tc.in))
-		if (err == nil) != tc.ok {
-			t.Errorf("%s: err %v", tc.in, err)
-		}
-		if err == nil {
-			out, _ := s.MarshalJSON()
-			if string(out) != tc.in {
-				t.Errorf("%s round-trips as %s", tc.in, out)
-			}
-		}
-	}
-}
-
-// TestManifestStatDroppedOverLimit: stat data never make a tree that fits
-// AML's manifest bound unsavable.
-func TestManifestStatDroppedOverLimit(t *testing.T) {
-	var es []format.TreeEntry
-	for i := range 50000 {
-		es = append(es, format.TreeEntry{Path: fmt.Sprintf("d/f%06d", i), Type: format.TypeFile, Mode: 0o644, Size: 1,
-			Stat: format.EntryStat{Ctime: 1764882000123456789, Ino: uint64(1e6 + i), Uid: 1000, Gid: 1000}})
-	}
-	lim := format.DefaultLimits
-	bare := format.NewManifest(append([]format.TreeEntry(nil), es...))
-	bare.DropStat()
-	plain, err := bare.Marshal(lim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	full, err := format.NewManifest(append([]format.TreeEntry(nil), es...)).Marshal(format.Limits{Entries: lim.Entries * 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(full) <= format.MaxManifestBytes || len(plain) > format.MaxManifestBytes {
-		t.Fatalf("the test tree does not straddle the bound: %d and %d bytes", len(full), len(plain))
-	}
-	data, err := format.NewManifest(es).Marshal(lim)
-	if err != nil {
-		t.Fatalf("a tree that fits without stat data failed: %v", err)
-	}
-	if strings.Contains(string(data), `"amlfs":"`) || len(data) != len(plain) {
-		t.Errorf("stat data kept over the bound: %d bytes", len(data))
 	}
 }

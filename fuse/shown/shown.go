@@ -1,13 +1,14 @@
-package revision
+// Package shown is the stat data the FUSE mount shows for restored files:
+// the inode numbers and ctimes they were saved with, so that git's index
+// still matches them after a restore. The loopback asks it what to show
+// (loopback.Shown), and the engine tells it what a restore makes and a
+// fetch fills, and asks it what a save records (revision.StatView).
+package shown
 
 import (
-	"os"
-	"path/filepath"
 	"sync"
-	"syscall"
 
 	"github.com/amlfs/amlfs/revision/format"
-
 	"golang.org/x/sys/unix"
 )
 
@@ -42,17 +43,15 @@ type shownFile struct {
 	savedCtime int64  // the ctime it shows while untouched
 }
 
-func newShown() *Shown { return &Shown{files: map[uint64]shownFile{}, taken: map[uint64]bool{}} }
+// New returns an empty table: every inode shows its own stat data until a
+// restore is reset into it.
+func New() *Shown { return &Shown{files: map[uint64]shownFile{}, taken: map[uint64]bool{}} }
 
-// Shown returns the stat data the workspace's mount shows for restored
-// files.
-func (w *Workspace) Shown() *Shown { return w.shown }
-
-// reset starts over for a restore of entries, whose stat data it checks:
+// Reset starts over for a restore of entries, whose stat data it checks:
 // a number two entries claim (copies of one hard-linked file) is kept by
 // the first only, and the rest show their own; so is 1, the root's in
 // go-fuse's table, and one with bits 48-63 set.
-func (s *Shown) reset(entries []format.TreeEntry) {
+func (s *Shown) Reset(entries []format.TreeEntry) {
 	taken := map[uint64]bool{}
 	for i, e := range entries {
 		st := &entries[i].Stat
@@ -67,8 +66,8 @@ func (s *Shown) reset(entries []format.TreeEntry) {
 	s.mu.Unlock()
 }
 
-// restored records that the backing inode st describes was made for te.
-func (s *Shown) restored(st *unix.Statx_t, te format.TreeEntry) {
+// Restored records that the backing inode st describes was made for te.
+func (s *Shown) Restored(st *unix.Statx_t, te format.TreeEntry) {
 	if te.Stat.Ino == 0 || te.Stat.Ctime == 0 {
 		return
 	}
@@ -80,23 +79,9 @@ func (s *Shown) restored(st *unix.Statx_t, te format.TreeEntry) {
 	s.files[st.Ino] = shownFile{gen: birth(st), ctime: nsOf(st.Ctime), ino: te.Stat.Ino, savedCtime: int64(te.Stat.Ctime)}
 }
 
-// record notes the symlinks of a restore into dir, and with files its
-// files.
-func (s *Shown) record(dir string, entries []format.TreeEntry, files bool) {
-	for _, te := range entries {
-		if te.Stat.Ino == 0 || (te.Type == format.TypeFile && !files) {
-			continue
-		}
-		var st unix.Statx_t
-		if statx(filepath.Join(dir, filepath.FromSlash(te.Path)), &st) == nil {
-			s.restored(&st, te)
-		}
-	}
-}
-
-// filled says that a restored file's bytes were fetched into it, in place:
+// Filled says that a restored file's bytes were fetched into it, in place:
 // not a change, so it keeps showing the saved ctime.
-func (s *Shown) filled(ino uint64, ctime int64) {
+func (s *Shown) Filled(ino uint64, ctime int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if f, ok := s.files[ino]; ok {
@@ -139,10 +124,10 @@ func (s *Shown) DirIno(ino uint64) uint64 {
 	return s.fresh(ino)
 }
 
-// saved gives the number and ctime a save records for a file whose
+// Saved gives the number and ctime a save records for a file whose
 // backing inode has number ino and ctime ctime (ns): the ones the mount
 // shows for it.
-func (s *Shown) saved(ino uint64, ctime int64) (uint64, int64) {
+func (s *Shown) Saved(ino uint64, ctime int64) (uint64, int64) {
 	s.mu.RLock()
 	f, ok := s.files[ino]
 	s.mu.RUnlock()
@@ -181,34 +166,4 @@ func birth(st *unix.Statx_t) uint64 {
 		return 1
 	}
 	return uint64(st.Btime.Sec)*1e9 + uint64(st.Btime.Nsec)
-}
-
-// statx describes the entry at path, never following it.
-func statx(path string, st *unix.Statx_t) error {
-	return unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, st)
-}
-
-func tsOf(ts unix.StatxTimestamp) syscall.Timespec {
-	return syscall.Timespec{Sec: ts.Sec, Nsec: int64(ts.Nsec)}
-}
-
-// chownSaved gives a restored entry, by its descriptor, the owner it was
-// saved with, if the daemon may (as root: as tar does for root), so that
-// the user who made the files can change them again.
-func chownSaved(fd int, te format.TreeEntry) error {
-	if te.Stat == (format.EntryStat{}) || os.Geteuid() != 0 {
-		return nil
-	}
-	return unix.Fchownat(fd, "", int(te.Stat.Uid), int(te.Stat.Gid), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
-}
-
-// chownSavedAt is chownSaved for the entry at path, never followed.
-func chownSavedAt(path string, te format.TreeEntry) error {
-	if te.Stat == (format.EntryStat{}) || os.Geteuid() != 0 {
-		return nil
-	}
-	if err := unix.Fchownat(unix.AT_FDCWD, path, int(te.Stat.Uid), int(te.Stat.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &os.PathError{Op: "chown", Path: path, Err: err}
-	}
-	return nil
 }
