@@ -72,9 +72,9 @@ type Live struct {
 
 // Content makes a file's bytes present in the working directory.
 type Content interface {
-	// Ensure blocks until the file at rel (relative to the root) holds
-	// its real bytes.
-	Ensure(ctx context.Context, rel string) error
+	// Fill blocks until the file that fd (an O_PATH descriptor of it)
+	// refers to holds its real bytes.
+	Fill(ctx context.Context, fd int) error
 	// EnsureDir blocks until the directory at rel holds all its entries.
 	EnsureDir(ctx context.Context, rel string) error
 	// Lazy is a cheap check, made before every call above: false once

@@ -175,8 +175,15 @@ func (n *node) ensure(ctx context.Context) syscall.Errno {
 	if n.fs.content == nil || n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG || !n.fs.content.Lazy() {
 		return 0
 	}
-	rel := n.Path(nil)
-	return ToErrno(n.fs.log, "fetch", rel, n.fs.content.Ensure(ctx, rel))
+	// By the node's own descriptor: no path is resolved.
+	fd, errno := n.Fd()
+	if errno != 0 {
+		return errno
+	}
+	if err := n.fs.content.Fill(ctx, fd); err != nil {
+		return ToErrno(n.fs.log, "fetch", n.Path(nil), err)
+	}
+	return 0
 }
 
 // ensureDir has the content provider make a lazily restored directory's

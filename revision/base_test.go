@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/amlfs/amlfs/revision/store"
 	"github.com/amlfs/amlfs/revision/store/dirstore"
 	"github.com/amlfs/amlfs/revision/store/memstore"
+	"golang.org/x/sys/unix"
 )
 
 // storeKinds are the stores the engine's tests run on: a directory and
@@ -189,4 +191,59 @@ func TestViewKeepsSavedStat(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFillByDescriptor: a placeholder is filled through a descriptor of
+// it (FUSE's O_PATH one) wherever it has moved since, and a descriptor of
+// anything else fills nothing.
+func TestFillByDescriptor(t *testing.T) {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"a.txt": "alpha bytes", "b.txt": "beta"})
+		w := openWS(t, base, "fill", Options{})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		w.Close(ctx)
+		w2 := openWS(t, base, "fill", Options{LazyRestore: true})
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := w2.EnsureDir(ctx, ""); err != nil { // as a FUSE lookup does
+			t.Fatal(err)
+		}
+		fd, err := unix.Open(filepath.Join(dst, "a.txt"), unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		// Moved, and its name taken by a symlink: the descriptor decides.
+		if err := os.Rename(filepath.Join(dst, "a.txt"), filepath.Join(dst, "moved.txt")); err != nil {
+			t.Fatal(err)
+		}
+		os.Symlink("b.txt", filepath.Join(dst, "a.txt"))
+		before, _ := w2.Pending()
+		if err := w2.Fill(ctx, fd); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dst, "moved.txt")); string(b) != "alpha bytes" {
+			t.Fatalf("moved placeholder holds %q", b)
+		}
+		if after, _ := w2.Pending(); after != before-1 {
+			t.Errorf("pending %d -> %d", before, after)
+		}
+		// A directory's descriptor, and a filled file's, fill nothing.
+		dfd, _ := unix.Open(dst, unix.O_PATH|unix.O_CLOEXEC, 0)
+		defer unix.Close(dfd)
+		for _, d := range []int{dfd, fd} {
+			if err := w2.Fill(ctx, d); err != nil {
+				t.Errorf("fill of a non-placeholder: %v", err)
+			}
+		}
+		if after, _ := w2.Pending(); after != before-1 {
+			t.Errorf("pending changed by fills of non-placeholders: %d", after)
+		}
+	})
 }

@@ -51,13 +51,13 @@ func TestFork(t *testing.T) {
 				if err := b.populateAll(ctx); err != nil { // what FUSE would ask for
 					t.Fatal(err)
 				}
-				if err := b.Ensure(ctx, "d1/f5.txt"); err != nil {
+				if err := b.ensure(ctx, "d1/f5.txt"); err != nil {
 					t.Fatal(err)
 				}
 				if got, err := os.ReadFile(filepath.Join(dir, "d1/f5.txt")); err != nil || string(got) != files["d1/f5.txt"] {
 					t.Fatalf("forked tree: %q %v", got, err)
 				}
-				if err := b.Ensure(ctx, "d0/f0.txt"); err != nil { // as FUSE does before a write
+				if err := b.ensure(ctx, "d0/f0.txt"); err != nil { // as FUSE does before a write
 					t.Fatal(err)
 				}
 				os.WriteFile(filepath.Join(dir, "d0/f0.txt"), []byte("changed"), 0o644)
@@ -98,7 +98,7 @@ func TestFork(t *testing.T) {
 					t.Fatal(err)
 				}
 				for p := range files {
-					if err := b.Ensure(ctx, p); err != nil {
+					if err := b.ensure(ctx, p); err != nil {
 						t.Fatal(err)
 					}
 				}

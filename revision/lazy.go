@@ -304,11 +304,12 @@ func (w *Workspace) ResumePending(dir string, sel format.Selection, legacy bool)
 	return len(l.pending), nil
 }
 
-// Ensure makes sure the file at rel (relative to the working directory) has
+// ensure makes sure the file at rel (relative to the working directory) has
 // its bytes: a no-op unless it is a pending placeholder, which it fetches,
 // blocking until the bytes are in place. Concurrent callers for one file
-// share one fetch.
-func (w *Workspace) Ensure(ctx context.Context, rel string) error {
+// share one fetch. The engine's own fetches (a fork's save, a prefetch)
+// go by path; the serving side fills by descriptor (Fill, FillFile).
+func (w *Workspace) ensure(ctx context.Context, rel string) error {
 	l := w.lazyState()
 	if l == nil {
 		return nil
@@ -441,6 +442,42 @@ func (w *Workspace) FillFile(ctx context.Context, f *os.File) error {
 		name = p
 	}
 	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error { return w.fillFile(ctx, pf, st.Ino, f) })
+}
+
+// Fill gives the placeholder that fd refers to (any descriptor of it; an
+// O_PATH one will do: the FUSE node's) its bytes, in place: a no-op
+// unless it is a pending placeholder of this tree. The file is opened
+// for writing through fd itself, never by a path, and only when there is
+// something to fill (an open for writing fails on a running executable).
+func (w *Workspace) Fill(ctx context.Context, fd int) error {
+	l := w.lazyState()
+	if l == nil {
+		return nil
+	}
+	var st, dir syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil
+	}
+	if err := syscall.Stat(l.dir, &dir); err != nil || st.Dev != dir.Dev {
+		return err
+	}
+	proc := fmt.Sprintf("/proc/self/fd/%d", fd)
+	name, err := os.Readlink(proc)
+	if err != nil {
+		name = proc
+	}
+	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error {
+		// The magic link reopens the very inode fd refers to.
+		f, err := os.OpenFile(proc, os.O_WRONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return w.fillFile(ctx, pf, st.Ino, f)
+	})
 }
 
 // OnFilled registers fn, called with each placeholder whose bytes were
@@ -643,7 +680,7 @@ func (w *Workspace) Prefetch(ctx context.Context, workers int) {
 func (w *Workspace) ensureAll(ctx context.Context, entries []format.TreeEntry) error {
 	for _, te := range entries {
 		if te.Type == format.TypeFile {
-			if err := w.Ensure(ctx, te.Path); err != nil {
+			if err := w.ensure(ctx, te.Path); err != nil {
 				return err
 			}
 		}

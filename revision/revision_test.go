@@ -584,7 +584,7 @@ func TestLazyRestore(t *testing.T) {
 		// Ensure fetches, exactly once, and keeps the inode.
 		var before, after syscall.Stat_t
 		syscall.Stat(filepath.Join(dst, "a/two.txt"), &before)
-		if err := w.Ensure(ctx, "a/two.txt"); err != nil {
+		if err := w.ensure(ctx, "a/two.txt"); err != nil {
 			t.Fatal(err)
 		}
 		syscall.Stat(filepath.Join(dst, "a/two.txt"), &after)
@@ -674,7 +674,7 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 		if err := w.EnsureDir(ctx, ""); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.Ensure(ctx, "x.txt"); err != nil {
+		if err := w.ensure(ctx, "x.txt"); err != nil {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dst, "x.txt"), []byte("changed"), 0o644)
@@ -687,7 +687,7 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 			if got, err := os.ReadFile(filepath.Join(dst, p)); err != nil || string(got) != want {
 				// read straight from the working dir: only correct if fetched
 				// or still fetchable.
-				if err := w.Ensure(ctx, p); err != nil {
+				if err := w.ensure(ctx, p); err != nil {
 					t.Fatalf("%s: %v", p, err)
 				}
 				if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
@@ -747,7 +747,7 @@ func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
 		}
 		want := map[string]string{"top.txt": "top", "moved/q/deep.txt": "deep bytes", "moved/q/r/deeper.txt": "deeper", "moved/side.txt": "side"}
 		for p, content := range want {
-			if err := w2.Ensure(ctx, p); err != nil {
+			if err := w2.ensure(ctx, p); err != nil {
 				t.Fatalf("%s: %v", p, err)
 			}
 			if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != content {
@@ -809,7 +809,7 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 		if n, _ := w2.Pending(); n != 1 {
 			t.Errorf("pending %d, want 1 (a.txt)", n)
 		}
-		if err := w2.Ensure(ctx, "d/a.txt"); err != nil {
+		if err := w2.ensure(ctx, "d/a.txt"); err != nil {
 			t.Fatal(err)
 		}
 		for p, want := range map[string]string{"d/a.txt": "aaa", "d/b.txt": "mine"} {

@@ -806,7 +806,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 			}
 		}
 		// A placeholder gets its bytes before they are read.
-		if err := src.Ensure(ctx, te.Path); err != nil {
+		if err := src.ensure(ctx, te.Path); err != nil {
 			return up, err
 		}
 		f, isGone, err := openSaved(t, te.Path)
