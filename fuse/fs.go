@@ -77,9 +77,9 @@ type Content interface {
 	Fill(ctx context.Context, fd int) error
 	// EnsureDir blocks until the directory at rel holds all its entries.
 	EnsureDir(ctx context.Context, rel string) error
-	// Lazy is a cheap check, made before every call above: false once
+	// Active is a cheap check, made before every call above: false once
 	// nothing is left to fetch or populate.
-	Lazy() bool
+	Active() bool
 }
 
 // FS is a mounted workspace.

@@ -172,7 +172,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 // ensure has the content provider put a lazily restored file's bytes in
 // place before anything can read or resize it.
 func (n *node) ensure(ctx context.Context) syscall.Errno {
-	if n.fs.content == nil || n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG || !n.fs.content.Lazy() {
+	if n.fs.content == nil || n.StableAttr().Mode&syscall.S_IFMT != syscall.S_IFREG || !n.fs.content.Active() {
 		return 0
 	}
 	// By the node's own descriptor: no path is resolved.
@@ -193,7 +193,7 @@ func (n *node) ensureDir(ctx context.Context) syscall.Errno { return n.ensureChi
 // ensureChildDir does ensureDir for n's child name, if it is a directory
 // ("" for n itself).
 func (n *node) ensureChildDir(ctx context.Context, name string) syscall.Errno {
-	if n.fs.content == nil || !n.fs.content.Lazy() {
+	if n.fs.content == nil || !n.fs.content.Active() {
 		return 0
 	}
 	rel := path.Join(n.Path(nil), name)

@@ -336,8 +336,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 		if d.ws == nil {
 			return
 		}
-		d.ws.Prefetch(pctx, cfg.Prefetch)
-		if n, _ := d.ws.Pending(); n == 0 {
+		d.ws.Placeholders().Prefetch(pctx, cfg.Prefetch)
+		if n, _ := d.ws.Placeholders().Pending(); n == 0 {
 			d.log.Debug("every file's bytes are local")
 		}
 	}()
@@ -407,7 +407,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.ws = ws
-	if h := ws.LeaseHolder(); h != "" {
+	if h := ws.Lease().Holder; h != "" {
 		if err := writeLeaseRecord(slots, slot, h); err != nil {
 			return fmt.Errorf("record the lease in %s: %w", slots, err)
 		}
@@ -430,7 +430,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	} else {
 		fsys, err = fuse.Mount(d.at, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
 			Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
-			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws, Live: live, Ops: d.metrics, Shown: d.shown,
+			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws.Placeholders(), Live: live, Ops: d.metrics, Shown: d.shown,
 		})
 	}
 	if err != nil {
@@ -549,7 +549,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 				// A tree its users reached only through FUSE cannot hold
 				// a marker they planted: older markers count there.
 				legacy := prev.Serve != ServeNative
-				if n, err := d.ws.ResumePending(d.workDir, cfg.Selection(), legacy); err != nil {
+				if n, err := d.ws.Placeholders().Resume(d.workDir, cfg.Selection(), legacy); err != nil {
 					return err
 				} else if n > 0 {
 					d.log.Info("the resumed tree has files whose bytes are still to be fetched", "files", n)
@@ -844,12 +844,12 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		// them every placeholder's bytes before the daemon goes, within
 		// one fetch timeout.
 		pctx, cancel := context.WithTimeout(ctx, d.fetchTimeout())
-		d.ws.Prefetch(pctx, max(d.cfg.Prefetch, 4))
+		d.ws.Placeholders().Prefetch(pctx, max(d.cfg.Prefetch, 4))
 		cancel()
 	}
 	// A fill waiting on a stalled store must not hold the stop: every
 	// fetch under way ends now, and its reader gets EIO.
-	d.ws.StopFetches()
+	d.ws.Placeholders().Stop()
 	d.fs.Close()
 	for _, c := range d.closers {
 		c()
@@ -1138,9 +1138,9 @@ func (d *Daemon) Status() Status {
 	}
 	st.Store = d.ws.Store().String()
 	st.Dirty = d.dirtyLocked()
-	st.PendingFiles, st.PendingBytes = d.ws.Pending()
+	st.PendingFiles, st.PendingBytes = d.ws.Placeholders().Pending()
 	st.ForkOf = d.ws.Fork()
-	if st.GoneFiles = d.ws.Gone(); st.GoneFiles > 0 {
+	if st.GoneFiles = d.ws.Placeholders().Gone(); st.GoneFiles > 0 {
 		st.Health = fmt.Sprintf("%d lazily restored files cannot be fetched: another writer pruned the revision holding their bytes; reads give EIO and a save fails with %s until they are removed or rewritten (or remount with --discard-unsaved)", st.GoneFiles, amlerr.BaseRevisionGone)
 	}
 	if idx := d.ws.Index(); idx != nil {
@@ -1149,7 +1149,7 @@ func (d *Daemon) Status() Status {
 	st.Lock = "held"
 	if d.cfg.NoLock {
 		st.Lock = "none"
-	} else if err := d.ws.LeaseErr(); err != nil {
+	} else if err := d.ws.CheckLease(); err != nil {
 		st.Lock = "lost: " + err.Error()
 	}
 	return st

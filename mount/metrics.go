@@ -92,16 +92,16 @@ func (d *Daemon) registerGauges() {
 			return boolGauge(d.dirtyLocked())
 		})
 		m.Gauge("workspace_pending_files", "Lazily restored files whose bytes are not fetched yet.", nil, func() float64 {
-			n, _ := d.ws.Pending()
+			n, _ := d.ws.Placeholders().Pending()
 			return float64(n)
 		})
 		m.Gauge("workspace_pending_bytes", "Bytes of lazily restored files not fetched yet.", nil, func() float64 {
-			_, b := d.ws.Pending()
+			_, b := d.ws.Placeholders().Pending()
 			return float64(b)
 		})
 		for _, state := range []string{"held", "lost", "none"} {
 			m.Gauge("lock_state", "The workspace lease: 1 for the current state (held, lost, or none when unlocked).", prometheus.Labels{"state": state},
-				func() float64 { return boolGauge(d.ws.LeaseState() == state) })
+				func() float64 { return boolGauge(d.ws.Lease().State == state) })
 		}
 	}
 	var cached bool

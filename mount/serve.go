@@ -86,12 +86,12 @@ func checkServe(r *CheckReport, cfg Config) {
 func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Logger) (server, error) {
 	cfg := &d.cfg
 	start := time.Now()
-	if err := d.ws.PopulateAll(ctx); err != nil {
+	if err := d.ws.Placeholders().PopulateAll(ctx); err != nil {
 		return nil, err
 	}
-	d.ws.FillOnAccess()
+	d.ws.Placeholders().FillOnAccess()
 	srv, err := d.serveNatively(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, At: d.at, Pending: revision.PendingXattr(),
-		Content: d.ws, ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
+		Content: d.ws.Placeholders(), ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
 		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")}, live)
 	if err != nil {
 		return nil, err

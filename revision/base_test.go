@@ -211,7 +211,7 @@ func TestFillByDescriptor(t *testing.T) {
 		if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := w2.EnsureDir(ctx, ""); err != nil { // as a FUSE lookup does
+		if err := w2.ensureDir(ctx, ""); err != nil { // as a FUSE lookup does
 			t.Fatal(err)
 		}
 		fd, err := unix.Open(filepath.Join(dst, "a.txt"), unix.O_PATH|unix.O_CLOEXEC, 0)
@@ -224,25 +224,25 @@ func TestFillByDescriptor(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.Symlink("b.txt", filepath.Join(dst, "a.txt"))
-		before, _ := w2.Pending()
-		if err := w2.Fill(ctx, fd); err != nil {
+		before, _ := w2.pending()
+		if err := w2.fillFd(ctx, fd); err != nil {
 			t.Fatal(err)
 		}
 		if b, _ := os.ReadFile(filepath.Join(dst, "moved.txt")); string(b) != "alpha bytes" {
 			t.Fatalf("moved placeholder holds %q", b)
 		}
-		if after, _ := w2.Pending(); after != before-1 {
+		if after, _ := w2.pending(); after != before-1 {
 			t.Errorf("pending %d -> %d", before, after)
 		}
 		// A directory's descriptor, and a filled file's, fill nothing.
 		dfd, _ := unix.Open(dst, unix.O_PATH|unix.O_CLOEXEC, 0)
 		defer unix.Close(dfd)
 		for _, d := range []int{dfd, fd} {
-			if err := w2.Fill(ctx, d); err != nil {
+			if err := w2.fillFd(ctx, d); err != nil {
 				t.Errorf("fill of a non-placeholder: %v", err)
 			}
 		}
-		if after, _ := w2.Pending(); after != before-1 {
+		if after, _ := w2.pending(); after != before-1 {
 			t.Errorf("pending changed by fills of non-placeholders: %d", after)
 		}
 	})

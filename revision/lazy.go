@@ -237,7 +237,7 @@ func scanPending(dir string, sel format.Selection, legacy bool) (*lazyState, err
 // read of one gives EIO, and a save of the tree fails with
 // BASE_REVISION_GONE. One removed or moved away is no longer counted (a
 // moved one again at its next read).
-func (w *Workspace) Gone() int {
+func (w *Workspace) gone() int {
 	l := w.lazyState()
 	if l == nil {
 		return 0
@@ -253,7 +253,7 @@ func (w *Workspace) Gone() int {
 	return len(l.gone)
 }
 
-func (w *Workspace) Pending() (files int, bytes int64) {
+func (w *Workspace) pending() (files int, bytes int64) {
 	l := w.lazyState()
 	if l == nil {
 		return 0, 0
@@ -272,7 +272,7 @@ func (w *Workspace) Pending() (files int, bytes int64) {
 // Lazy reports whether any file's bytes or directory's placeholders are
 // still to come: a cheap check for every FUSE call. It may say true for a
 // while after the last fetch; never false while something is pending.
-func (w *Workspace) Lazy() bool {
+func (w *Workspace) lazyActive() bool {
 	l := w.lazyState()
 	if l == nil {
 		return false
@@ -293,7 +293,7 @@ func (w *Workspace) lazyState() *lazyState {
 
 // ResumePending finds the placeholders a crashed run left in dir, so that
 // their bytes are fetched before anyone reads or saves them.
-func (w *Workspace) ResumePending(dir string, sel format.Selection, legacy bool) (int, error) {
+func (w *Workspace) resumePending(dir string, sel format.Selection, legacy bool) (int, error) {
 	l, err := scanPending(dir, sel, legacy)
 	if err != nil {
 		return 0, err
@@ -356,7 +356,7 @@ func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path st
 // would itself wait on a pre-content event, and an access of the
 // daemon's own must not be let through unfilled (a tool call reading a
 // placeholder through the mount).
-func (w *Workspace) FillOnAccess() {
+func (w *Workspace) fillOnAccess() {
 	w.lmu.Lock()
 	w.onAccess = true
 	w.lmu.Unlock()
@@ -425,7 +425,7 @@ func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, pat
 // itself (native serving: f is a pre-content event's descriptor, whose
 // writes raise no further event). It returns nil at once if f is not a
 // pending placeholder of this tree.
-func (w *Workspace) FillFile(ctx context.Context, f *os.File) error {
+func (w *Workspace) fillOpen(ctx context.Context, f *os.File) error {
 	l := w.lazyState()
 	if l == nil {
 		return nil
@@ -449,7 +449,7 @@ func (w *Workspace) FillFile(ctx context.Context, f *os.File) error {
 // unless it is a pending placeholder of this tree. The file is opened
 // for writing through fd itself, never by a path, and only when there is
 // something to fill (an open for writing fails on a running executable).
-func (w *Workspace) Fill(ctx context.Context, fd int) error {
+func (w *Workspace) fillFd(ctx context.Context, fd int) error {
 	l := w.lazyState()
 	if l == nil {
 		return nil
@@ -482,15 +482,12 @@ func (w *Workspace) Fill(ctx context.Context, fd int) error {
 
 // OnFilled registers fn, called with each placeholder whose bytes were
 // just written, while it is open.
-func (w *Workspace) OnFilled(fn func(f *os.File)) {
+func (w *Workspace) setOnFilled(fn func(f *os.File)) {
 	w.lmu.Lock()
 	w.onFilled = fn
 	w.lmu.Unlock()
 }
 
-// PopulateAll makes every directory's entries present (native serving has
-// no lookup to make them on demand).
-func (w *Workspace) PopulateAll(ctx context.Context) error { return w.populateAll(ctx) }
 
 // shareCall runs work for ino once for all concurrent callers: a caller
 // that finds a run in flight waits for its result instead. Under mu, todo
@@ -628,7 +625,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 
 // Prefetch fetches every pending file in the background, with at most
 // workers fetches at once, until none is left or ctx is done.
-func (w *Workspace) Prefetch(ctx context.Context, workers int) {
+func (w *Workspace) prefetch(ctx context.Context, workers int) {
 	l := w.lazyState()
 	if l == nil || workers <= 0 {
 		return

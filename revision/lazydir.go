@@ -144,7 +144,7 @@ func (d *dirSet) deferFiles(root, rev string, entries []format.TreeEntry) error 
 // EnsureDir makes the placeholders of the directory at rel (relative to
 // the working directory) if they are not made yet, blocking until they
 // are. Concurrent callers for one directory share one population.
-func (w *Workspace) EnsureDir(ctx context.Context, rel string) error {
+func (w *Workspace) ensureDir(ctx context.Context, rel string) error {
 	l := w.lazyState()
 	if l == nil || l.dirs == nil || l.dirs.n.Load() == 0 {
 		return nil

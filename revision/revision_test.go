@@ -302,18 +302,18 @@ func TestLockConflictAndTakeover(t *testing.T) {
 	// reported dead; the new holding has a new name.
 	var asked []string
 	_, err = Open(ctx, st, Options{ID: "l", DeadHolder: func(h string) bool { asked = append(asked, h); return h == "someone else" }})
-	if amlerr.ExitStatus(err) != amlerr.ExitConflict || len(asked) != 1 || asked[0] != w2.LeaseHolder() {
-		t.Fatalf("live holder %q: asked %q, err %v", w2.LeaseHolder(), asked, err)
+	if amlerr.ExitStatus(err) != amlerr.ExitConflict || len(asked) != 1 || asked[0] != w2.Lease().Holder {
+		t.Fatalf("live holder %q: asked %q, err %v", w2.Lease().Holder, asked, err)
 	}
-	w3, err := Open(ctx, st, Options{ID: "l", DeadHolder: func(h string) bool { return h == w2.LeaseHolder() }})
+	w3, err := Open(ctx, st, Options{ID: "l", DeadHolder: func(h string) bool { return h == w2.Lease().Holder }})
 	if err != nil {
 		t.Fatalf("takeover from a dead holder: %v", err)
 	}
 	defer w3.Close(ctx)
-	if w3.LeaseHolder() == w2.LeaseHolder() || w3.LeaseHolder() == "" {
-		t.Errorf("holder names: %q then %q", w2.LeaseHolder(), w3.LeaseHolder())
+	if w3.Lease().Holder == w2.Lease().Holder || w3.Lease().Holder == "" {
+		t.Errorf("holder names: %q then %q", w2.Lease().Holder, w3.Lease().Holder)
 	}
-	if err := w2.LeaseErr(); !amlerr.Has(err, amlerr.LockLost) {
+	if err := w2.CheckLease(); !amlerr.Has(err, amlerr.LockLost) {
 		t.Errorf("the dead holder's lease: %v", err)
 	}
 }
@@ -329,6 +329,12 @@ func TestLostLeaseFailsSave(t *testing.T) {
 	_, err := w.Save(ctx, src, format.Selection{}, "")
 	if !amlerr.Has(err, amlerr.LockLost) || amlerr.ExitStatus(err) != amlerr.ExitSave {
 		t.Fatalf("save with lost lease: %v", err)
+	}
+	if st := w.Lease(); st.State != "lost" || st.Holder == "" {
+		t.Errorf("lease status after the loss: %+v", st)
+	}
+	if err := w.CheckLease(); !amlerr.Has(err, amlerr.LockLost) {
+		t.Errorf("check of a lost lease: %v", err)
 	}
 	if err := w.Close(ctx); !amlerr.Has(err, amlerr.LockLost) {
 		t.Fatalf("release of lost lease: %v", err)
@@ -566,12 +572,12 @@ func TestLazyRestore(t *testing.T) {
 			t.Fatalf("a/ before first use: %v %v", des, err)
 		}
 		for _, d := range []string{"a", "b", "empty", "a"} {
-			if err := w.EnsureDir(ctx, d); err != nil {
+			if err := w.ensureDir(ctx, d); err != nil {
 				t.Fatal(err)
 			}
 		}
 		// Then the files, sizes and modes are there; the bytes are not.
-		if n, b := w.Pending(); n != 3 || b != 3+11+5000 {
+		if n, b := w.pending(); n != 3 || b != 3+11+5000 {
 			t.Fatalf("pending %d files, %d bytes", n, b)
 		}
 		fi, err := os.Stat(filepath.Join(dst, "a/two.txt"))
@@ -591,7 +597,7 @@ func TestLazyRestore(t *testing.T) {
 		if got, _ := os.ReadFile(filepath.Join(dst, "a/two.txt")); string(got) != "second file" || before.Ino != after.Ino {
 			t.Fatalf("after Ensure: %q, inode %d -> %d", got, before.Ino, after.Ino)
 		}
-		if n, _ := w.Pending(); n != 2 {
+		if n, _ := w.pending(); n != 2 {
 			t.Errorf("pending after one fetch: %d", n)
 		}
 		// A chmod'd placeholder must be saved with its real bytes, not zeros;
@@ -604,16 +610,16 @@ func TestLazyRestore(t *testing.T) {
 		if res.Uploaded != 1 || res.Reused != 2 {
 			t.Errorf("save over placeholders: uploaded %d reused %d", res.Uploaded, res.Reused)
 		}
-		if n, _ := w.Pending(); n != 1 {
+		if n, _ := w.pending(); n != 1 {
 			t.Errorf("pending after save: %d (a/one.txt should still be lazy)", n)
 		}
 		// "Crash": a fresh workspace finds the remaining placeholder by xattr.
 		w2 := openWS(t, base, "lazy2", Options{NoLock: true})
-		if n, err := w2.ResumePending(dst, format.Selection{}, false); err != nil || n != 1 {
+		if n, err := w2.resumePending(dst, format.Selection{}, false); err != nil || n != 1 {
 			t.Fatalf("resume: %d %v", n, err)
 		}
-		w.Prefetch(ctx, 2)
-		if n, _ := w.Pending(); n != 0 {
+		w.prefetch(ctx, 2)
+		if n, _ := w.pending(); n != 0 {
 			t.Errorf("pending after prefetch: %d", n)
 		}
 		check := filepath.Join(t.TempDir(), "c")
@@ -671,7 +677,7 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 		}
 		// Writes reach the working dir through the mount, which populates the
 		// directory and fetches the file first.
-		if err := w.EnsureDir(ctx, ""); err != nil {
+		if err := w.ensureDir(ctx, ""); err != nil {
 			t.Fatal(err)
 		}
 		if err := w.ensure(ctx, "x.txt"); err != nil {
@@ -695,10 +701,10 @@ func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
 				}
 			}
 		}
-		if n, _ := w.Pending(); n != 0 {
-			w.Prefetch(ctx, 1)
+		if n, _ := w.pending(); n != 0 {
+			w.prefetch(ctx, 1)
 		}
-		if n, _ := w.Pending(); n != 0 {
+		if n, _ := w.pending(); n != 0 {
 			t.Errorf("%d placeholders could not be fetched after pruning", n)
 		}
 	})
@@ -721,7 +727,7 @@ func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
 		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.EnsureDir(ctx, "p"); err != nil {
+		if err := w.ensureDir(ctx, "p"); err != nil {
 			t.Fatal(err)
 		}
 		// p is whole, so moving p/q is allowed (the mount populates the
@@ -733,11 +739,11 @@ func TestLazyDirectoriesResumeAfterCrash(t *testing.T) {
 
 		// "Crash": a fresh workspace finds what is left to do by its markers.
 		w2 := openWS(t, base, "lazydir", Options{NoLock: true})
-		if _, err := w2.ResumePending(dst, format.Selection{}, false); err != nil {
+		if _, err := w2.resumePending(dst, format.Selection{}, false); err != nil {
 			t.Fatal(err)
 		}
 		for _, d := range []string{"", "moved", "moved/q", "moved/q/r"} {
-			if err := w2.EnsureDir(ctx, d); err != nil {
+			if err := w2.ensureDir(ctx, d); err != nil {
 				t.Fatal(err)
 			}
 			buf := make([]byte, 200)
@@ -785,7 +791,7 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.EnsureDir(ctx, "d"); err != nil {
+		if err := w.ensureDir(ctx, "d"); err != nil {
 			t.Fatal(err)
 		}
 		// Put the marker back, as if the run had died before clearing it, and
@@ -800,13 +806,13 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 		os.Remove(filepath.Join(dst, "d/b.txt"))
 		os.WriteFile(filepath.Join(dst, "d/b.txt"), []byte("mine"), 0o644)
 		w2 := openWS(t, base, "idem", Options{NoLock: true})
-		if _, err := w2.ResumePending(dst, format.Selection{}, false); err != nil {
+		if _, err := w2.resumePending(dst, format.Selection{}, false); err != nil {
 			t.Fatal(err)
 		}
-		if err := w2.EnsureDir(ctx, "d"); err != nil {
+		if err := w2.ensureDir(ctx, "d"); err != nil {
 			t.Fatal(err)
 		}
-		if n, _ := w2.Pending(); n != 1 {
+		if n, _ := w2.pending(); n != 1 {
 			t.Errorf("pending %d, want 1 (a.txt)", n)
 		}
 		if err := w2.ensure(ctx, "d/a.txt"); err != nil {

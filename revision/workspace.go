@@ -115,7 +115,7 @@ type baseExpect struct {
 // StopFetches ends every lazy fetch under way, and fails every later one:
 // their readers get EIO. A daemon that stops calls it before it waits for
 // its fills, so that a stalled store cannot hold the stop.
-func (w *Workspace) StopFetches() {
+func (w *Workspace) stopFetches() {
 	w.stopFetch(errors.New("the daemon is stopping"))
 }
 
@@ -961,30 +961,31 @@ func (w *Workspace) setBase(b *baseTree) {
 	w.lmu.Unlock()
 }
 
-// LeaseHolder names the lease this workspace holds (see Lease.Holder), or
-// "" when running unlocked.
-func (w *Workspace) LeaseHolder() string {
-	if w.lease == nil {
-		return ""
-	}
-	return w.lease.Holder()
+// LeaseStatus is the workspace lease as this process knows it.
+type LeaseStatus struct {
+	// Holder names the lease held (see store.Lease.Holder), "" when
+	// running unlocked.
+	Holder string
+	// State is "held", "lost" (the heartbeat found it taken over), or
+	// "none" (running unlocked).
+	State string
 }
 
-// LeaseState is "held", "lost" (the heartbeat found it taken over), or
-// "none" (running unlocked), as far as this process knows, without asking
-// the store.
-func (w *Workspace) LeaseState() string {
+// Lease reports the workspace lease without asking the store.
+func (w *Workspace) Lease() LeaseStatus {
 	if w.lease == nil {
-		return "none"
+		return LeaseStatus{State: "none"}
 	}
-	if l, ok := w.lease.(interface{ lostErr() error }); ok && l.lostErr() != nil {
-		return "lost"
+	st := LeaseStatus{Holder: w.lease.Holder(), State: "held"}
+	if w.lease.LostErr() != nil {
+		st.State = "lost"
 	}
-	return "held"
+	return st
 }
 
-// LeaseErr reports a lost lease; nil when held or when running unlocked.
-func (w *Workspace) LeaseErr() error {
+// CheckLease asks the store whether the lease is still held: it reports
+// a lost lease, and nil when held or when running unlocked.
+func (w *Workspace) CheckLease() error {
 	if w.lease == nil {
 		return nil
 	}

@@ -95,6 +95,9 @@ type Lease interface {
 	// Lost reports a lease lost since acquisition (for example taken over
 	// after a missed heartbeat), or nil.
 	Lost() error
+	// LostErr is the loss the heartbeat found, if any, without asking the
+	// store (Heartbeat provides it).
+	LostErr() error
 	// Release gives the lease up; it reports a lost lease.
 	Release(ctx context.Context) error
 	// Holder names this holding of the lease: the token in lock.json, or

@@ -159,7 +159,11 @@ func (l *fsLease) Lost() error {
 	if err := l.LostErr(); err != nil {
 		return err
 	}
-	return l.check()
+	if err := l.check(); err != nil {
+		l.SetLost(err) // as the heartbeat would have at its next tick
+		return err
+	}
+	return nil
 }
 
 func (l *fsLease) Release(ctx context.Context) error {

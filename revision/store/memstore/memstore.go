@@ -530,8 +530,12 @@ func (l *lease) Lost() error {
 		return err
 	}
 	l.s.base.mu.Lock()
-	defer l.s.base.mu.Unlock()
-	return l.check()
+	err := l.check()
+	l.s.base.mu.Unlock()
+	if err != nil {
+		l.SetLost(err)
+	}
+	return err
 }
 
 func (l *lease) Release(ctx context.Context) error {

@@ -728,6 +728,9 @@ func testLeaseStale(t *testing.T, b Base) {
 	if err := l1.Lost(); !amlerr.Has(err, amlerr.LockLost) {
 		t.Errorf("the stale holder still believes it holds the lease: %v", err)
 	}
+	if l1.LostErr() == nil {
+		t.Error("a loss Lost found is not remembered (LostErr)")
+	}
 }
 
 func testDestroy(t *testing.T, b Base) {
