@@ -488,7 +488,6 @@ func (w *Workspace) setOnFilled(fn func(f *os.File)) {
 	w.lmu.Unlock()
 }
 
-
 // shareCall runs work for ino once for all concurrent callers: a caller
 // that finds a run in flight waits for its result instead. Under mu, todo
 // reports whether there is anything to do, and done records a run's

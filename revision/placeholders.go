@@ -49,7 +49,9 @@ func (p Placeholders) OnFilled(fn func(f *os.File)) { p.w.setOnFilled(fn) }
 
 // EnsureDir makes the entries of the directory at rel, if they are still
 // to be made.
-func (p Placeholders) EnsureDir(ctx context.Context, rel string) error { return p.w.ensureDir(ctx, rel) }
+func (p Placeholders) EnsureDir(ctx context.Context, rel string) error {
+	return p.w.ensureDir(ctx, rel)
+}
 
 // PopulateAll makes every directory's entries present (native serving has
 // no lookup to make them on demand).
