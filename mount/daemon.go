@@ -529,10 +529,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 					was, ver, known = prev.Publishing, "", false
 					d.log.Info("the resumed tree's own save had published before the earlier run stopped", "revision", prev.Publishing)
 				}
-				d.ws.ExpectBase(was, ver, known)
-				if prev.Fork != nil {
-					d.ws.SetFork(prev.Fork)
-				}
+				d.ws.Resume(revision.Resumed{Base: was, Version: ver, Known: known, Fork: prev.Fork})
 				d.mu.Lock()
 				d.resumed = &workState{IndexCurrent: &was}
 				if known {

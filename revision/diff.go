@@ -37,11 +37,11 @@ type sameObjecter interface {
 // compared by content: objects a store knows to be the same are not read,
 // and the rest are hashed.
 func (w *Workspace) Diff(ctx context.Context, a, b format.Entry) ([]Change, error) {
-	ta, err := w.Tree(ctx, a)
+	ta, err := w.treeOf(ctx, a)
 	if err != nil {
 		return nil, err
 	}
-	tb, err := w.Tree(ctx, b)
+	tb, err := w.treeOf(ctx, b)
 	if err != nil {
 		return nil, err
 	}

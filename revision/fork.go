@@ -52,13 +52,13 @@ func (w *Workspace) RestoreFork(ctx context.Context, from, rev, dir string, sel 
 	if _, err := w.restore(ctx, e, dir, sel); err != nil {
 		return format.Entry{}, err
 	}
-	w.SetFork(origin)
+	w.setFork(origin)
 	return e, nil
 }
 
-// SetFork says that the tree is a fork of origin not saved yet (a fork
+// setFork says that the tree is a fork of origin not saved yet (a fork
 // resumed after a crash): its first save records it.
-func (w *Workspace) SetFork(origin *format.ForkOrigin) {
+func (w *Workspace) setFork(origin *format.ForkOrigin) {
 	w.lmu.Lock()
 	defer w.lmu.Unlock()
 	w.fork = origin
@@ -107,6 +107,6 @@ func (w *Workspace) SaveFork(ctx context.Context, dir string, sel format.Selecti
 	if f := w.Fork(); f != nil {
 		origin = f // w is a fork not saved yet: the origin is its source's
 	}
-	nw.SetFork(origin)
+	nw.setFork(origin)
 	return nw.save(ctx, dir, sel, revID, w)
 }

@@ -127,14 +127,32 @@ func (w *Workspace) Version() string {
 	return w.version
 }
 
-// ExpectBase says that the tree the next saves publish was restored from
-// revision rev ("" for none) when the index was at version (if known): a
-// tree resumed after a crash or a failed save. A save then publishes only
-// if rev is still current and the index still at that version; otherwise
-// it fails with AML_PUBLISH_CONFLICT, before uploading anything. A resumed
-// tree is a stale writer like any other: publishing it over a revision
-// another writer published since would lose that writer's work.
-func (w *Workspace) ExpectBase(rev, version string, known bool) {
+// Resumed describes a working tree an earlier run restored (a tree
+// resumed after a crash or a failed save).
+type Resumed struct {
+	// Base is the revision the tree was restored from ("" for none), when
+	// the index was at Version, if Known.
+	Base, Version string
+	Known         bool
+	// Fork, if set, says that the tree is a fork of that origin, not
+	// saved yet: its first save records it.
+	Fork *format.ForkOrigin
+}
+
+// Resume says that the tree the next saves publish is r's. A save then
+// publishes only if r.Base is still current and the index still at that
+// version; otherwise it fails with AML_PUBLISH_CONFLICT, before uploading
+// anything. A resumed tree is a stale writer like any other: publishing
+// it over a revision another writer published since would lose that
+// writer's work.
+func (w *Workspace) Resume(r Resumed) {
+	w.expectBase(r.Base, r.Version, r.Known)
+	if r.Fork != nil {
+		w.setFork(r.Fork)
+	}
+}
+
+func (w *Workspace) expectBase(rev, version string, known bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.expect = &baseExpect{rev: rev, version: version, known: known}
@@ -281,7 +299,7 @@ func (w *Workspace) Resolve(rev string) (format.Entry, error) {
 
 // Tree returns the entries of a revision, read from its manifest or
 // archive and fully validated.
-func (w *Workspace) Tree(ctx context.Context, e format.Entry) ([]format.TreeEntry, error) {
+func (w *Workspace) treeOf(ctx context.Context, e format.Entry) ([]format.TreeEntry, error) {
 	tree, _, err := w.Describe(ctx, e)
 	return tree, err
 }
@@ -380,7 +398,7 @@ func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string,
 	if e.Format == format.FormatArchive {
 		w.view.Reset(nil) // an archive keeps no stat data
 		// Validate the whole archive before extracting anything.
-		if _, err := w.Tree(ctx, e); err != nil {
+		if _, err := w.treeOf(ctx, e); err != nil {
 			return nil, err
 		}
 		r, err := w.openArtifact(ctx, e.Path)
@@ -617,7 +635,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.index, w.version = next, ver
 	w.imu.Unlock()
 	w.expect = nil // the tree is now the new revision's
-	w.SetFork(nil)
+	w.setFork(nil)
 	if src == w {
 		if entry.Format == format.FormatFolder {
 			w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
