@@ -1,9 +1,9 @@
-// Package s3 is the S3 live mount (--mount /PREFIX=s3://bucket/prefix): a
+// Package s3live is the S3 live mount (--mount /PREFIX=s3://bucket/prefix): a
 // bucket prefix served as a directory tree, with listings and metadata
 // cached for --metadata-ttl, file data in the local cache, and changes
 // uploaded in the background (queue), one key at a time. The S3 client
 // it uses is s3client's, shared with the durable S3 store.
-package s3
+package s3live
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,12 +28,10 @@ import (
 	"github.com/amlfs/amlfs/s3client"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"golang.org/x/sync/errgroup"
 )
 
-// LiveOptions configure an S3 live mount (s3://bucket/prefix).
-type LiveOptions struct {
+// Options configure an S3 live mount (s3://bucket/prefix).
+type Options struct {
 	Client *s3.Client
 	Bucket string
 	Prefix string // "" or ending in "/"
@@ -59,7 +56,7 @@ type LiveOptions struct {
 
 // Live serves one bucket prefix as a directory tree.
 type Live struct {
-	o     LiveOptions
+	o     Options
 	q     *queue
 	root  *node
 	ino   atomic.Uint64
@@ -149,9 +146,9 @@ type ent struct {
 
 func (e *ent) isDir() bool { return e.mode&syscall.S_IFMT == syscall.S_IFDIR }
 
-// NewLive builds the provider. It does not touch the bucket: a bucket
+// New builds the provider. It does not touch the bucket: a bucket
 // that is unreachable now gives EIO on its paths until it answers.
-func NewLive(o LiveOptions) *Live {
+func New(o Options) *Live {
 	if o.TTL <= 0 {
 		o.TTL = time.Minute
 	}
@@ -382,281 +379,6 @@ func applyMetadata(e *ent, md map[string]string, lastModified time.Time) {
 
 // --- listing ---
 
-type objInfo struct {
-	name  string
-	size  int64
-	etag  string
-	mtime time.Time
-}
-
-// list reads one directory level under dirKey, every page of it.
-func (l *Live) list(ctx context.Context, dirKey string) (files []objInfo, dirs []string, err error) {
-	p := s3.NewListObjectsV2Paginator(l.o.Client, &s3.ListObjectsV2Input{Bucket: &l.o.Bucket, Prefix: &dirKey, Delimiter: aws.String("/")})
-	for p.HasMorePages() {
-		out, err := p.NextPage(ctx)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, o := range out.Contents {
-			name := strings.TrimPrefix(aws.ToString(o.Key), dirKey)
-			if name == "" || strings.Contains(name, "/") || name == "." || name == ".." {
-				continue // the directory's own marker
-			}
-			files = append(files, objInfo{name: name, size: aws.ToInt64(o.Size), etag: aws.ToString(o.ETag), mtime: aws.ToTime(o.LastModified)})
-		}
-		for _, cp := range out.CommonPrefixes {
-			name := strings.TrimSuffix(strings.TrimPrefix(aws.ToString(cp.Prefix), dirKey), "/")
-			if name == "" || strings.Contains(name, "/") || name == "." || name == ".." {
-				continue
-			}
-			dirs = append(dirs, name)
-		}
-	}
-	l.setHealth(nil)
-	return files, dirs, nil
-}
-
-// loadDir makes d's children current: listed within the TTL, or listed
-// now and merged with what is changed here and not uploaded yet.
-func (l *Live) loadDir(ctx context.Context, d *ent) syscall.Errno {
-	for {
-		l.mu.Lock()
-		if d.gone {
-			l.mu.Unlock()
-			return syscall.ENOENT
-		}
-		if !d.listedAt.IsZero() && time.Since(d.listedAt) < l.o.TTL {
-			l.mu.Unlock()
-			return 0
-		}
-		if ch := d.listing; ch != nil {
-			l.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return syscall.EINTR
-			}
-		}
-		ch := make(chan struct{})
-		d.listing = ch
-		key := l.key(d)
-		l.mu.Unlock()
-
-		start := time.Now()
-		files, dirs, err := l.list(ctx, key)
-		l.mu.Lock()
-		d.listing = nil
-		close(ch)
-		if err != nil {
-			l.mu.Unlock()
-			return l.errno("list", key, err)
-		}
-		l.mergeLocked(d, key, files, dirs, start)
-		l.mu.Unlock()
-		return 0
-	}
-}
-
-// mergeLocked folds a fresh listing into d. What was made, changed or
-// deleted here and not yet uploaded wins over the listing; clean entries
-// follow it, and a clean file whose ETag changed loses its cached bytes.
-func (l *Live) mergeLocked(d *ent, key string, files []objInfo, dirs []string, start time.Time) {
-	seen := make(map[string]bool, len(files)+len(dirs))
-	for _, f := range files {
-		seen[f.name] = true
-		c := d.children[f.name]
-		if c == nil {
-			if l.tombedLocked(key+f.name, start) {
-				continue // deleted here
-			}
-			d.children[f.name] = &ent{name: f.name, parent: d, ino: l.newIno(), mode: syscall.S_IFREG | 0o644, uid: l.o.UID, gid: l.o.GID,
-				mtime: f.mtime, size: f.size, etag: f.etag, remote: true}
-			continue
-		}
-		if c.isDir() || c.dirty || c.metaDirty || !c.remote || l.q.busy(key+f.name) {
-			continue
-		}
-		if c.etag != f.etag {
-			l.staleLocked(c)
-			c.size, c.etag, c.mtime = f.size, f.etag, f.mtime
-		}
-	}
-	for _, name := range dirs {
-		seen[name] = true
-		c := d.children[name]
-		if c == nil {
-			if l.tombedLocked(key+name+"/", start) || l.q.busyUnder(key+name+"/") {
-				continue
-			}
-			d.children[name] = &ent{name: name, parent: d, ino: l.newIno(), mode: syscall.S_IFDIR | 0o755, uid: l.o.UID, gid: l.o.GID,
-				mtime: time.Now(), remote: true, children: map[string]*ent{}}
-			continue
-		}
-		c.remote = true
-	}
-	for name, c := range d.children {
-		if seen[name] || c.changed.After(start) || l.busyLocked(c) {
-			continue
-		}
-		// Gone from the bucket, and nothing here holds it.
-		c.gone = true
-		delete(d.children, name)
-		if c.data != nil {
-			c.data.Drop()
-			c.data = nil
-		}
-	}
-	d.listedAt = time.Now()
-}
-
-// tombedLocked reports whether key was deleted here after a listing that
-// started at start could have seen it.
-func (l *Live) tombedLocked(key string, start time.Time) bool {
-	t, ok := l.tombs[key]
-	return ok && (t.IsZero() || t.After(start))
-}
-
-// buried records finished deletes, for the keys and for the directories
-// deleted here above them (a directory's prefix lists until its last key
-// is gone).
-func (l *Live) buried(keys []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	for _, k := range keys {
-		if _, ok := l.tombs[k]; ok {
-			l.tombs[k] = now
-		}
-		for p := strings.TrimSuffix(k, "/"); len(p) > len(l.o.Prefix); {
-			i := strings.LastIndexByte(p, '/')
-			if i < 0 {
-				break
-			}
-			p = p[:i]
-			if _, ok := l.tombs[p+"/"]; ok {
-				l.tombs[p+"/"] = now
-			}
-		}
-	}
-	if now.Sub(l.lastPrune) > 30*time.Second {
-		l.lastPrune = now
-		for k, t := range l.tombs {
-			if !t.IsZero() && now.Sub(t) > 5*time.Minute {
-				delete(l.tombs, k)
-			}
-		}
-	}
-}
-
-// syncDirtyLocked reads a dirty file's size and mtime from its cache file,
-// which the kernel may have written directly.
-func (l *Live) syncDirtyLocked(e *ent) {
-	if !e.dirty || e.data == nil {
-		return
-	}
-	if size, mtime, err := e.data.Stat(); err == nil {
-		e.size, e.mtime = size, mtime
-	}
-}
-
-// busyLocked reports whether e, or anything below it, has changes here
-// that the bucket does not have yet.
-func (l *Live) busyLocked(e *ent) bool {
-	if !e.remote || e.dirty || e.metaDirty || e.opens > 0 {
-		return true
-	}
-	if l.q.busy(l.key(e)) {
-		return true
-	}
-	for _, c := range e.children {
-		if l.busyLocked(c) {
-			return true
-		}
-	}
-	return false
-}
-
-// staleLocked drops a clean file's cached bytes and metadata: the object
-// changed.
-func (l *Live) staleLocked(e *ent) {
-	if e.data != nil && !e.dirty {
-		// Open handles read a fresh file on their next read; those the
-		// kernel serves itself keep the old one until they close.
-		if e.ptData != e.data {
-			e.data.Drop()
-		}
-		e.data = nil
-	}
-	e.ver++
-	e.metaKnown = false
-	e.link = ""
-}
-
-// head reads e's metadata if it is not known yet (a file listed, not
-// read; a directory that may have a marker).
-func (l *Live) head(ctx context.Context, e *ent) syscall.Errno {
-	l.mu.Lock()
-	if e.metaKnown || !e.remote || e.parent == nil {
-		l.mu.Unlock()
-		return 0
-	}
-	key := l.key(e)
-	l.mu.Unlock()
-	out, err := l.o.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &l.o.Bucket, Key: &key})
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err != nil {
-		if s3client.IsNotFound(err) {
-			if e.isDir() {
-				e.metaKnown = true // no marker: the defaults stand
-				return 0
-			}
-			e.gone = true
-			if e.parent != nil && e.parent.children[e.name] == e {
-				delete(e.parent.children, e.name)
-			}
-			return syscall.ENOENT
-		}
-		l.mu.Unlock()
-		errno := l.errno("head", key, err)
-		l.mu.Lock()
-		return errno
-	}
-	if !e.isDir() && e.etag != "" && aws.ToString(out.ETag) != e.etag {
-		l.staleLocked(e)
-	}
-	if !e.isDir() {
-		e.size, e.etag = aws.ToInt64(out.ContentLength), aws.ToString(out.ETag)
-	}
-	applyMetadata(e, out.Metadata, aws.ToTime(out.LastModified))
-	return 0
-}
-
-// headAll reads the metadata of d's children not read yet, several at
-// once, so that a listing's lookups need no round trip each.
-func (l *Live) headAll(ctx context.Context, d *ent) {
-	l.mu.Lock()
-	var todo []*ent
-	for _, c := range d.children {
-		if !c.metaKnown && c.remote {
-			todo = append(todo, c)
-		}
-	}
-	l.mu.Unlock()
-	if len(todo) < 2 {
-		return
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(32)
-	for _, c := range todo {
-		g.Go(func() error { l.head(gctx, c); return nil })
-	}
-	g.Wait()
-}
-
-// --- reading ---
-
 // maxFetch bounds one ranged GET.
 const maxFetch = 16 * cache.ChunkSize
 
@@ -762,212 +484,6 @@ func (l *Live) get(ctx context.Context, key, etag string, f *cache.File, first, 
 }
 
 // --- the write-back ops ---
-
-func (l *Live) enqueuePut(e *ent, delay time.Duration) chan error {
-	return l.q.add(&op{key: l.keyOf(e), kind: opPut, e: e}, delay, delay == 0)
-}
-
-func (l *Live) enqueueDel(key string) {
-	l.q.add(&op{key: key, kind: opDel}, l.o.WriteBack, false)
-}
-
-// runOps runs a batch from the queue: one put, or up to 1000 deletes.
-func (l *Live) runOps(batch []*op) []error {
-	ctx := context.Background()
-	errs := make([]error, len(batch))
-	if batch[0].kind == opDel {
-		keys := make([]types.ObjectIdentifier, len(batch))
-		for i, o := range batch {
-			keys[i] = types.ObjectIdentifier{Key: aws.String(o.key)}
-		}
-		out, err := l.o.Client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &l.o.Bucket, Delete: &types.Delete{Objects: keys, Quiet: aws.Bool(true)}})
-		if err != nil {
-			// Not every server has DeleteObjects: one at a time.
-			for i, o := range batch {
-				_, errs[i] = l.o.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.o.Bucket, Key: aws.String(o.key)})
-				if errs[i] != nil && s3client.IsNotFound(errs[i]) {
-					errs[i] = nil
-				}
-			}
-		} else {
-			failed := map[string]error{}
-			for _, e := range out.Errors {
-				if aws.ToString(e.Code) != "NoSuchKey" {
-					failed[aws.ToString(e.Key)] = fmt.Errorf("delete: %s %s", aws.ToString(e.Code), aws.ToString(e.Message))
-				}
-			}
-			for i, o := range batch {
-				errs[i] = failed[o.key]
-			}
-		}
-		var done []string
-		for i, o := range batch {
-			if errs[i] != nil {
-				l.errno("delete", o.key, errs[i])
-			} else {
-				done = append(done, o.key)
-			}
-		}
-		l.buried(done)
-		return errs
-	}
-	o := batch[0]
-	errs[0] = l.put(ctx, o)
-	if errs[0] != nil && !errors.Is(errs[0], errGiveUp) { // put logged a final one
-		l.errno("upload", o.key, errs[0])
-	}
-	return errs
-}
-
-// put uploads e's bytes (or only its metadata, or a directory marker) to
-// the key the op names, if e still lives there.
-func (l *Live) put(ctx context.Context, o *op) error {
-	e := o.e
-	l.mu.Lock()
-	if e.gone {
-		l.mu.Unlock()
-		return nil // deleted since
-	}
-	if l.key(e) != o.key {
-		// Moved since: upload at the new key (the move deletes the old).
-		l.mu.Unlock()
-		l.enqueuePut(e, l.o.WriteBack)
-		return nil
-	}
-	l.syncDirtyLocked(e)
-	gen, dirty, md := e.gen, e.dirty, metadata(e)
-	up := s3client.Upload{Bucket: l.o.Bucket, Key: o.key, Metadata: md}
-	var body *strings.Reader
-	switch {
-	case e.isDir():
-		body, up.ContentType = strings.NewReader(""), dirContentType
-	case e.mode&syscall.S_IFMT == syscall.S_IFLNK:
-		body = strings.NewReader(e.link)
-	case dirty:
-		up.Body, up.Size = e.data.Reader(), e.size
-	case !e.metaDirty:
-		l.mu.Unlock()
-		return nil
-	}
-	if body != nil {
-		up.Body, up.Size = body, body.Size()
-	}
-	l.mu.Unlock()
-
-	var etag string
-	var err error
-	if up.Body == nil {
-		etag, err = l.setMetadata(ctx, o.key, md)
-		if s3client.IsNotFound(err) && s3client.Code(err) != "NoSuchBucket" {
-			// Deleted by another client: there is nothing left to
-			// give the metadata to, now or on a retry.
-			l.o.Log.Error("s3 live mount: the object is gone from the bucket (deleted by another client?); its mode, owner and times are not saved", "op", "upload", "path", l.url(o.key))
-			l.mu.Lock()
-			e.metaDirty, e.remote = false, false
-			l.mu.Unlock()
-			return fmt.Errorf("set metadata of %s: the object is gone: %w", l.url(o.key), errGiveUp)
-		}
-	} else {
-		etag, err = s3client.Put(ctx, l.o.Client, up)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	l.health = nil
-	delete(l.tombs, o.key)
-	e.changed = time.Now()
-	e.remote = true
-	if !e.isDir() {
-		e.etag = etag
-	}
-	e.upGen = max(e.upGen, gen)
-	if e.gen == gen && e.ptWriters == 0 {
-		if e.dirty && e.data != nil {
-			e.data.Unpin()
-		}
-		e.dirty, e.metaDirty = false, false
-		if e.gone && e.data != nil && e.opens == 0 {
-			e.data.Drop()
-			e.data = nil
-		}
-	}
-	return nil
-}
-
-// setMetadata replaces the metadata of the object at key. S3 does this
-// by copying an object onto itself, but not every S3-compatible server
-// copies a key onto itself safely (versitygw's posix backend empties it),
-// so the object goes to a temporary key and back.
-func (l *Live) setMetadata(ctx context.Context, key string, md map[string]string) (string, error) {
-	tmp := key + ".amlfs-meta-" + strconv.FormatUint(l.ino.Add(1), 36)
-	if _, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &tmp, CopySource: aws.String(s3client.CopySource(l.o.Bucket, key)),
-		Metadata: md, MetadataDirective: types.MetadataDirectiveReplace}); err != nil {
-		return "", err
-	}
-	defer l.o.Client.DeleteObject(context.WithoutCancel(ctx), &s3.DeleteObjectInput{Bucket: &l.o.Bucket, Key: &tmp})
-	out, err := l.o.Client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &key, CopySource: aws.String(s3client.CopySource(l.o.Bucket, tmp)),
-		MetadataDirective: types.MetadataDirectiveCopy})
-	if err != nil {
-		return "", err
-	}
-	if out.CopyObjectResult == nil {
-		return "", nil
-	}
-	return aws.ToString(out.CopyObjectResult.ETag), nil
-}
-
-// moveKeys copies every object under from to the same name under to, then
-// deletes the originals (a directory rename).
-func (l *Live) moveKeys(ctx context.Context, from, to string) error {
-	var keys []string
-	p := s3.NewListObjectsV2Paginator(l.o.Client, &s3.ListObjectsV2Input{Bucket: &l.o.Bucket, Prefix: &from})
-	for p.HasMorePages() {
-		out, err := p.NextPage(ctx)
-		if err != nil {
-			return err
-		}
-		for _, o := range out.Contents {
-			keys = append(keys, aws.ToString(o.Key))
-		}
-	}
-	sort.Strings(keys)
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(l.o.Workers)
-	for _, k := range keys {
-		g.Go(func() error {
-			dst := to + strings.TrimPrefix(k, from)
-			if strings.HasSuffix(k, "/") {
-				// A directory marker: some servers refuse to copy
-				// one, so put a new marker with the old metadata.
-				head, err := l.o.Client.HeadObject(gctx, &s3.HeadObjectInput{Bucket: &l.o.Bucket, Key: &k})
-				if err != nil {
-					return err
-				}
-				_, err = l.o.Client.PutObject(gctx, &s3.PutObjectInput{Bucket: &l.o.Bucket, Key: &dst, Body: strings.NewReader(""),
-					ContentLength: aws.Int64(0), Metadata: head.Metadata, ContentType: aws.String(dirContentType)})
-				return err
-			}
-			_, err := l.o.Client.CopyObject(gctx, &s3.CopyObjectInput{Bucket: &l.o.Bucket, Key: &dst,
-				CopySource: aws.String(s3client.CopySource(l.o.Bucket, k))})
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	for i := 0; i < len(keys); i += 1000 {
-		var ids []types.ObjectIdentifier
-		for _, k := range keys[i:min(i+1000, len(keys))] {
-			ids = append(ids, types.ObjectIdentifier{Key: aws.String(k)})
-		}
-		if _, err := l.o.Client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &l.o.Bucket, Delete: &types.Delete{Objects: ids, Quiet: aws.Bool(true)}}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // Refresh forgets what is cached of sub (a path below the mount root; ""
 // for all of it): listings, metadata and bytes of everything there that

@@ -1,0 +1,247 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/amlfs/amlfs/revision"
+	"github.com/google/uuid"
+)
+
+func (d *Daemon) fetchTimeout() time.Duration {
+	if d.cfg.FetchTimeout > 0 {
+		return d.cfg.FetchTimeout
+	}
+	return revision.DefaultFetchTimeout
+}
+
+// Commit checkpoints the workspace without unmounting.
+func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
+	return d.frozen("commit", func() (SaveInfo, error) { return d.save(ctx, revID) })
+}
+
+// CommitFork publishes the tree as the first revision of the new
+// workspace newID on the same store, under that workspace's own lease. The
+// mounted workspace stays as it was: its base, its unsaved changes, its
+// lease.
+func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo, error) {
+	return d.frozen("fork", func() (SaveInfo, error) {
+		d.saveMu.Lock()
+		defer d.saveMu.Unlock()
+		d.mu.Lock()
+		base, stopped := d.baseRev, d.stopped
+		d.mu.Unlock()
+		if stopped {
+			return SaveInfo{}, errors.New("the daemon has stopped")
+		}
+		res, err := d.ws.SaveFork(ctx, d.workDir, d.cfg.Selection(), newID, revID, base)
+		if err != nil {
+			d.metrics.Save("failed", 0, 0, 0)
+			return SaveInfo{}, err
+		}
+		d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
+		d.log.Info("saved the tree as a fork", "fork", newID, "revision", res.Entry.ID, "files", res.Files,
+			"uploaded", res.Uploaded, "reused", res.Reused, "seconds", res.Elapsed.Seconds())
+		info := saveInfo(res)
+		info.Fork = newID
+		return info, nil
+	})
+}
+
+// frozen runs a checkpoint (what: commit or fork) with every mutating FUSE
+// call held back and the phase "committing".
+func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, error) {
+	d.mu.Lock()
+	stopping := d.stopping
+	d.mu.Unlock()
+	if stopping {
+		return SaveInfo{}, errors.New("the daemon is stopping")
+	}
+	if d.ws == nil {
+		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to %s", what)
+	}
+	thaw := d.fs.Freeze()
+	defer thaw()
+	d.setPhase("committing")
+	defer func() {
+		d.mu.Lock()
+		if d.phase == "committing" {
+			d.phase = "serving"
+		}
+		d.mu.Unlock()
+	}()
+	return fn()
+}
+
+// saveInfo reports a published save.
+func saveInfo(res revision.SaveResult) SaveInfo {
+	info := SaveInfo{Revision: res.Entry.ID, At: time.Now(), Files: res.Files, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(),
+		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
+		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)],
+		Attempts: res.Attempts}
+	if res.Unsettled {
+		info.Warning = fmt.Sprintf("the tree changed during each of the save's %d readings of it (served natively, writes are not held back): each file is saved as its bytes at one instant, the tree as a whole is not one instant", res.Attempts)
+	}
+	return info
+}
+
+// saveWatch is the workspace's Options.Watch when the tree is served
+// natively, where a save cannot hold writes back: each reading of the
+// tree starts a watch for changes (Mark), and a save whose reading saw
+// one reads the tree again (revision.SaveAttempts).
+func (d *Daemon) saveWatch() func() func() bool {
+	if d.serve != ServeNative {
+		return nil
+	}
+	return func() func() bool {
+		if d.fs == nil {
+			return nil
+		}
+		m := d.saveMark
+		if m < 0 {
+			m = d.fs.Mark()
+		}
+		d.saveMark, d.readMark = -1, m
+		return func() bool { return d.fs.Changes() != m }
+	}
+}
+
+// save publishes the working tree unless it is unchanged since it was
+// restored or last saved and that revision is still current.
+func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
+	d.saveMu.Lock()
+	defer d.saveMu.Unlock()
+	d.mu.Lock()
+	stopped := d.stopped
+	d.mu.Unlock()
+	if stopped {
+		return SaveInfo{}, errors.New("the daemon has stopped")
+	}
+	mark := d.fs.Mark()
+	d.saveMark, d.readMark = mark, mark
+	defer func() { d.saveMark = -1 }()
+	d.mu.Lock()
+	baseRev, baseMark := d.baseRev, d.baseMark
+	d.mu.Unlock()
+	skip := func(rev string) (SaveInfo, error) {
+		d.metrics.Save("unchanged", 0, 0, 0)
+		info := SaveInfo{Revision: rev, At: time.Now(), Skipped: true}
+		d.mu.Lock()
+		d.lastSave = &info
+		d.mu.Unlock()
+		return info, nil
+	}
+	if idx := d.ws.Index(); revID != "" && idx != nil && idx.Current == revID && baseRev == revID && baseMark == mark {
+		// A retry: the caller's id is current and holds this tree.
+		d.log.Info("revision id is current and the tree is unchanged; nothing written", "revision", revID)
+		return skip(revID)
+	}
+	if idx := d.ws.Index(); revID == "" && baseMark == mark && idx != nil && idx.Current == baseRev {
+		// Say what the store says, not what this mount remembers.
+		cur, err := d.ws.StoreCurrent(ctx)
+		if err != nil {
+			return SaveInfo{}, err
+		}
+		if cur != baseRev {
+			msg := fmt.Sprintf("the tree is unchanged since revision %s, but the store's current revision is %s (another writer published); nothing saved", baseRev, cur)
+			d.log.Warn(msg, "revision", baseRev, "current", cur)
+			info, err := skip(cur)
+			info.Warning = msg
+			return info, err
+		}
+		d.log.Info("no changes since the last revision; it stays current", "revision", baseRev)
+		return skip(baseRev)
+	}
+	// The id is chosen here, and the state file names it before the save
+	// publishes: if the daemon dies after the publication but before the
+	// state file says the tree is saved, the next mount sees that the
+	// revision now current is this tree's own, not another writer's.
+	if revID == "" {
+		revID = uuid.NewString()
+	}
+	d.mu.Lock()
+	d.publishing = revID
+	d.mu.Unlock()
+	if err := d.writeState(); err != nil {
+		return SaveInfo{}, err
+	}
+	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
+	mark = d.readMark // natively, the last reading's
+	d.mu.Lock()
+	d.publishing = ""
+	d.mu.Unlock()
+	if err != nil {
+		d.metrics.Save("failed", 0, 0, 0)
+		return SaveInfo{}, err
+	}
+	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
+	info := saveInfo(res)
+	d.mu.Lock()
+	d.baseRev, d.baseMark = res.Entry.ID, mark
+	d.lastSave = &info
+	d.resumed = nil
+	d.mu.Unlock()
+	if err := d.writeState(); err != nil {
+		d.log.Warn("write state", "provider", "workspace", "op", "write-state", "path", d.state, "err", err)
+	}
+	d.log.Info("saved revision", "revision", res.Entry.ID, "files", res.Files, "bytes", res.Bytes,
+		"uploaded", res.Uploaded, "uploadedBytes", res.UploadedBytes, "reused", res.Reused, "baseGone", res.BaseGone, "symlinks", res.Symlinks,
+		"specialFilesSkipped", len(res.Skipped), "seconds", res.Elapsed.Seconds(), "attempts", res.Attempts, "pruned", res.Pruned)
+	return info, nil
+}
+
+// SaveInfo describes the last save.
+type SaveInfo struct {
+	Revision string    `json:"revision"`
+	At       time.Time `json:"at"`
+	Files    int       `json:"files"`
+	Bytes    int64     `json:"bytes"`
+	// Uploaded files (and their bytes) went to the store; Reused ones were
+	// linked or copied server-side from the previous revision.
+	Uploaded      int   `json:"uploaded"`
+	UploadedBytes int64 `json:"uploadedBytes"`
+	Reused        int   `json:"reused"`
+	// BaseGone counts unchanged files whose object in the base revision
+	// was gone (pruned by another writer), uploaded from the tree instead.
+	BaseGone int `json:"baseGone"`
+	Symlinks int `json:"symlinks"`
+	// SpecialFilesSkipped counts the sockets, fifos and device nodes the
+	// save left out; SpecialFiles names the first maxListed of them.
+	SpecialFilesSkipped int      `json:"specialFilesSkipped"`
+	SpecialFiles        []string `json:"specialFiles,omitempty"`
+	Seconds             float64  `json:"seconds"`
+	Skipped             bool     `json:"skipped,omitempty"`
+	// Fork is the new workspace a commit --fork published to.
+	Fork string `json:"fork,omitempty"`
+	// Warning is what the user must know of this save, if anything.
+	Warning string `json:"warning,omitempty"`
+	// Attempts is how many times the save read the tree: more than one
+	// when the tree, served natively, changed while it was read.
+	Attempts int `json:"attempts,omitempty"`
+}
+
+// maxListed bounds the paths a SaveInfo lists.
+const maxListed = 100
+
+// Note is a line for the user about what the save left out, or "".
+func (s *SaveInfo) Note() string {
+	if s != nil && s.Warning != "" {
+		return s.Warning
+	}
+	if s == nil || s.SpecialFilesSkipped == 0 {
+		return ""
+	}
+	more := ""
+	if n := s.SpecialFilesSkipped - len(s.SpecialFiles); n > 0 {
+		more = fmt.Sprintf(" and %d more", n)
+	}
+	plural := "s"
+	if s.SpecialFilesSkipped == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("revision %s left out %d special file%s (sockets, fifos, devices), which no revision can hold: %s%s (--strict-entries fails the save instead)",
+		s.Revision, s.SpecialFilesSkipped, plural, strings.Join(s.SpecialFiles, ", "), more)
+}

@@ -1,0 +1,248 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision/store"
+	"golang.org/x/sys/unix"
+)
+
+// fetchWith is fetch with the fill to run: into a file named path, or
+// into a descriptor already open (FillFile).
+func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, path string, fill func(context.Context, pendingFile) error) error {
+	var pf pendingFile
+	return shareCall(ctx, w.fetchCtx, w.opts.FetchTimeout, &l.mu, l.inflight, ino,
+		func() (ok bool) { pf, ok = l.pending[ino]; return ok },
+		func(ctx context.Context) error {
+			err := fill(ctx, pf)
+			if err != nil {
+				l.mu.Lock()
+				_, logged := l.gone[ino]
+				l.mu.Unlock()
+				if !logged {
+					w.log.Error("fetch file bytes", "op", "fetch", "path", path, "key", pf.key, "err", err)
+				}
+			}
+			return err
+		},
+		func(err error) {
+			switch {
+			case err == nil:
+				delete(l.pending, ino)
+				delete(l.gone, ino)
+				l.bytes -= pf.size
+			case amlerr.Code(err) == amlerr.BaseRevisionGone:
+				l.gone[ino] = path
+			}
+		})
+}
+
+// FillFile gives the placeholder open as f its bytes, in place, through f
+// itself (native serving: f is a pre-content event's descriptor, whose
+// writes raise no further event). It returns nil at once if f is not a
+// pending placeholder of this tree.
+func (w *Workspace) fillOpen(ctx context.Context, f *os.File) error {
+	l := w.lazyState()
+	if l == nil {
+		return nil
+	}
+	var st, dir syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if err := syscall.Stat(l.dir, &dir); err != nil || st.Dev != dir.Dev {
+		return err
+	}
+	name := f.Name()
+	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); err == nil {
+		name = p
+	}
+	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error { return w.fillFile(ctx, pf, st.Ino, f) })
+}
+
+// Fill gives the placeholder that fd refers to (any descriptor of it; an
+// O_PATH one will do: the FUSE node's) its bytes, in place: a no-op
+// unless it is a pending placeholder of this tree. The file is opened
+// for writing through fd itself, never by a path, and only when there is
+// something to fill (an open for writing fails on a running executable).
+func (w *Workspace) fillFd(ctx context.Context, fd int) error {
+	l := w.lazyState()
+	if l == nil {
+		return nil
+	}
+	var st, dir syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil
+	}
+	if err := syscall.Stat(l.dir, &dir); err != nil || st.Dev != dir.Dev {
+		return err
+	}
+	proc := fmt.Sprintf("/proc/self/fd/%d", fd)
+	name, err := os.Readlink(proc)
+	if err != nil {
+		name = proc
+	}
+	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error {
+		// The magic link reopens the very inode fd refers to.
+		f, err := os.OpenFile(proc, os.O_WRONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return w.fillFile(ctx, pf, st.Ino, f)
+	})
+}
+
+// OnFilled registers fn, called with each placeholder whose bytes were
+// just written, while it is open.
+func (w *Workspace) setOnFilled(fn func(f *os.File)) {
+	w.lmu.Lock()
+	w.onFilled = fn
+	w.lmu.Unlock()
+}
+
+// shareCall runs work for ino once for all concurrent callers: a caller
+// that finds a run in flight waits for its result instead. Under mu, todo
+// reports whether there is anything to do, and done records a run's
+// outcome. The run is not cancelled with its caller, since others may wait
+// on it; an interrupted run is simply redone by the next caller. It runs
+// under base, which bounds it (the fetch timeout) and which StopFetches
+// cancels, so that no run outlives the daemon's stop.
+func shareCall(ctx, base context.Context, limit time.Duration, mu *sync.Mutex, calls map[uint64]*fetchCall, ino uint64,
+	todo func() bool, work func(context.Context) error, done func(error)) error {
+	mu.Lock()
+	if !todo() {
+		mu.Unlock()
+		return nil
+	}
+	if c, ok := calls[ino]; ok {
+		mu.Unlock()
+		select {
+		case <-c.done:
+			return c.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := &fetchCall{done: make(chan struct{})}
+	calls[ino] = c
+	mu.Unlock()
+
+	wctx, cancel := context.WithTimeoutCause(base, limit, fmt.Errorf("the fetch took over %s (--fetch-timeout)", limit))
+	c.err = work(wctx)
+	if c.err != nil && wctx.Err() != nil {
+		// Our own bound or stop, not the caller's interruption: the
+		// reader gets EIO, not EINTR (on which it would only retry).
+		c.err = fmt.Errorf("%v (%v)", context.Cause(wctx), c.err)
+	}
+	cancel()
+	mu.Lock()
+	delete(calls, ino)
+	done(c.err)
+	mu.Unlock()
+	close(c.done)
+	return c.err
+}
+
+// fill writes a placeholder's bytes in place, opening it by path
+// (lazyState.open).
+func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino uint64, path string) error {
+	f, err := l.open(path, os.O_WRONLY)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return w.fillFile(ctx, pf, ino, f)
+}
+
+// open opens path, below the working directory, with no symlink followed
+// (a user of a natively served tree can swap any directory for one).
+func (l *lazyState) open(path string, flags int) (*os.File, error) {
+	rel, err := relTo(l.dir, path)
+	if err != nil {
+		return nil, err
+	}
+	return openBeneath(l.dir, rel, flags)
+}
+
+// isPending checks that f is still the placeholder ino: a regular file of
+// that inode, not whatever was put at its path since. It returns f's stat.
+func isPending(f *os.File, ino uint64) (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return st, err
+	}
+	if st.Ino != ino || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return st, fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", f.Name(), st.Ino, ino)
+	}
+	return st, nil
+}
+
+// goneErr is the error of a placeholder whose bytes another writer pruned.
+func (w *Workspace) goneErr(pf pendingFile) error {
+	rev, _, _ := strings.Cut(pf.key, "files/")
+	return amlerr.New(amlerr.BaseRevisionGone, pf.key, "the bytes of %s are gone from %s: revision %s was pruned, most likely by another writer, before this lazily restored file was fetched", pf.origPath, w.store, strings.TrimSuffix(strings.TrimPrefix(rev, "revisions/"), "/"))
+}
+
+// fillFile writes a placeholder's bytes into f, checks their count, makes
+// them durable, then clears the marker.
+func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File) error {
+	before, err := isPending(f, ino)
+	if err != nil {
+		return err
+	}
+	r, err := w.store.Open(ctx, pf.key)
+	if errors.Is(err, store.ErrNotExist) {
+		return w.goneErr(pf)
+	}
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	n, err := io.Copy(io.NewOffsetWriter(f, 0), io.LimitReader(r, pf.size+1))
+	if err != nil {
+		return err
+	}
+	if n != pf.size {
+		return amlerr.New(amlerr.InvalidStore, pf.key, "object holds %d bytes, the manifest says %d", n, pf.size)
+	}
+	// Keep the placeholder's mtime: fetching is not a modification.
+	ts := []unix.Timespec{unix.NsecToTimespec(before.Atim.Nano()), unix.NsecToTimespec(before.Mtim.Nano())}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), ts, 0); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := unix.Fremovexattr(int(f.Fd()), PendingXattr()); err != nil && !errors.Is(err, unix.ENODATA) {
+		return err
+	}
+	unix.Fremovexattr(int(f.Fd()), PendingUserXattr) // an older amlfs's marker, if any
+	// The base tree knew the placeholder's stamp; it now holds the real
+	// bytes of the same object, so it stays reusable.
+	if after, err := store.FileStamp(f); err == nil {
+		if b := w.baseTree(); b != nil {
+			b.refresh(pf.origPath, ino, after)
+		}
+		w.view.Filled(ino, after.Ctime.Nano())
+	}
+	w.lmu.Lock()
+	fn := w.onFilled
+	w.lmu.Unlock()
+	if fn != nil {
+		fn(f)
+	}
+	return nil
+}

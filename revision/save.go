@@ -1,0 +1,491 @@
+package revision
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+	"github.com/google/uuid"
+)
+
+// SaveResult describes a published revision.
+type SaveResult struct {
+	Entry         format.Entry
+	Files         int
+	Bytes         int64
+	Uploaded      int   // files whose bytes were written to the store
+	UploadedBytes int64 // their bytes
+	Reused        int   // unchanged files linked or copied from the previous revision
+	BaseGone      int   // unchanged files whose base object another writer pruned: uploaded instead
+	Symlinks      int
+	Skipped       []string // special files left out, by path
+	Pruned        []string
+	Elapsed       time.Duration
+	// Attempts is how many times the tree was read (Options.Watch); 1
+	// without a Watch.
+	Attempts int
+	// Unsettled: the tree changed during every attempt, so the revision
+	// is not the tree at one instant (each file still is its bytes at
+	// one instant).
+	Unsettled bool
+}
+
+// SaveAttempts bounds how many times a save reads a tree that keeps
+// changing under it (Options.Watch).
+const SaveAttempts = 3
+
+// Save snapshots dir per sel and publishes it as a new current revision,
+// following AML's order: snapshot, check limits, upload with
+// create-if-absent, publish conditionally, then prune. If publication fails
+// the upload is removed and the previous revision stays current. revID may
+// be "" for a fresh UUID.
+func (w *Workspace) Save(ctx context.Context, dir string, sel format.Selection, revID string) (SaveResult, error) {
+	return w.save(ctx, dir, sel, revID, w)
+}
+
+// save publishes the tree at dir, which is src's working tree: w's own, or
+// for a fork (commit --fork) the tree of the mounted workspace src. It
+// reuses src's base revision's objects and fetches through src's lazy
+// restore; only for w's own tree does the tree become w's new base.
+func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (SaveResult, error) {
+	if src != w {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	start := time.Now()
+	fail := func(err error) (SaveResult, error) {
+		if c := amlerr.Code(err); c == amlerr.SaveFailed || c == amlerr.PublishConflict {
+			return SaveResult{}, err
+		}
+		return SaveResult{}, amlerr.Wrap(amlerr.SaveFailed, w.opts.ID, err)
+	}
+	if revID == "" {
+		revID = uuid.NewString()
+	} else if err := format.ValidateRevisionID(revID); err != nil {
+		return SaveResult{}, amlerr.Wrap(amlerr.InvalidConfig, revID, err)
+	}
+	if w.index != nil {
+		if _, dup := w.index.Find(revID); dup {
+			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "revision id already exists in %s", w.store)
+		}
+	}
+	if w.lease != nil {
+		if err := w.lease.Lost(); err != nil {
+			return fail(err)
+		}
+	}
+	if err := w.staleBase(); err != nil {
+		return fail(err)
+	}
+	// A writer that published since this tree was loaded makes this save
+	// stale: say so now, before uploading anything (and before reusing
+	// objects of a base revision it may have pruned). Publication below
+	// stays conditional for a writer that comes in between.
+	if _, ver, err := w.store.ReadIndex(ctx); err == nil || errors.Is(err, store.ErrNotExist) {
+		if ver != w.version {
+			return fail(amlerr.New(amlerr.PublishConflict, w.opts.ID, "workspace.json changed since this tree was loaded: another writer published; the previous revision is still current, nothing was overwritten, and the tree is kept. "+
+				"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand"))
+		}
+	} else {
+		return fail(fmt.Errorf("read index of %s: %w", w.store, err))
+	}
+	// 1 to 3, once per attempt (Options.Watch).
+	var (
+		entry     format.Entry
+		skipped   []string
+		up        uploadStats
+		attempt   int
+		unsettled bool
+	)
+	for attempt = 1; ; attempt++ {
+		var changed func() bool
+		if w.opts.Watch != nil {
+			changed = w.opts.Watch()
+		}
+		var err error
+		entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src)
+		if amlerr.Code(err) == amlerr.RevisionIDConflict {
+			return SaveResult{}, err
+		} else if err != nil {
+			return fail(err)
+		}
+		if changed == nil || !changed() {
+			break
+		}
+		if attempt == SaveAttempts {
+			unsettled = true
+			w.log.Warn("the tree changed during every attempt of the save: each file is saved as its bytes at one instant, the tree is not one instant", "op", "save", "attempts", attempt)
+			break
+		}
+		w.log.Info("the tree changed while the save read it; reading it again", "op", "save", "attempt", attempt)
+		// The next attempt uploads under the same id.
+		if err := w.store.Remove(context.WithoutCancel(ctx), entry.Path); err != nil {
+			return fail(fmt.Errorf("remove the unsettled attempt's artifact: %w", err))
+		}
+	}
+	// 4. Publish.
+	next, pruned := w.index.WithNew(entry, w.opts.Retention)
+	data, err := next.Marshal()
+	if err == nil && w.lease != nil {
+		err = w.lease.Lost()
+	}
+	var ver string
+	if err == nil {
+		ver, err = w.store.PublishIndex(ctx, data, w.version)
+	}
+	if err != nil {
+		// 6. Remove the orphan upload; the previous revision stays current.
+		if rerr := w.store.Remove(context.WithoutCancel(ctx), entry.Path); rerr != nil {
+			w.log.Error("remove unpublished artifact", "op", "remove", "path", entry.Path, "err", rerr)
+		}
+		if errors.Is(err, store.ErrPrecondition) {
+			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten, and the tree is kept", err)))
+		}
+		return fail(err)
+	}
+	w.imu.Lock()
+	w.index, w.version = next, ver
+	w.imu.Unlock()
+	w.expect = nil // the tree is now the new revision's
+	w.setFork(nil)
+	if src == w {
+		if entry.Format == format.FormatFolder {
+			w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
+		} else {
+			w.setBase(nil)
+		}
+		// Placeholders not fetched yet now take their bytes from the
+		// new revision, where the save copied them.
+		w.repoint(up.moves)
+	}
+	// 5. Prune, only now, and never a revision a placeholder still needs.
+	total, files := treeSize(up.entries)
+	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
+		BaseGone: up.baseGone, Symlinks: countType(up.entries, format.TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled}
+	for _, p := range pruned {
+		if !w.fetchFrom(ctx, p.Path) {
+			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
+			continue
+		}
+		if err := w.store.Remove(ctx, p.Path); err != nil {
+			w.log.Warn("prune revision", "op", "prune", "path", p.Path, "revision", p.ID, "err", err)
+			continue
+		}
+		res.Pruned = append(res.Pruned, p.ID)
+	}
+	w.cleanOrphans(ctx)
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+// readTree is steps 1 to 3 of a save: 1. snapshot (of the whole tree:
+// lazily restored directories get their placeholders first), 2. limits,
+// 3. upload the artifact of revision revID. Must hold w.mu.
+func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (entry format.Entry, skipped []string, up uploadStats, err error) {
+	if err := src.populateAll(ctx); err != nil {
+		return entry, nil, up, err
+	}
+	entries, skipped, err := Snapshot(dir, sel)
+	if err != nil {
+		return entry, nil, up, err
+	}
+	if len(skipped) > 0 && w.opts.StrictEntries {
+		return entry, nil, up, SpecialFilesError(skipped)
+	}
+	for _, p := range skipped {
+		w.log.Warn("special file not saved (a socket, fifo or device)", "op", "snapshot", "path", p)
+	}
+	if w.opts.Format == format.FormatArchive {
+		if err := noSymlinks(entries); err != nil {
+			return entry, nil, up, err
+		}
+	}
+	total, files := treeSize(entries)
+	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
+		return entry, nil, up, err
+	}
+	entry = format.Entry{ID: revID, Format: w.opts.Format, Path: format.RevisionPath(revID, w.opts.Format), CreatedAt: format.FormatCreatedAt(w.opts.Now())}
+	prog := startProgress(w.opts.Progress, "save", int64(files), total)
+	up, err = w.upload(ctx, dir, entry, entries, prog, src)
+	prog.finish()
+	if errors.Is(err, store.ErrExist) {
+		err = amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
+	}
+	return entry, skipped, up, err
+}
+
+// uploadStats is what an upload did, and the stamps of the files it saved.
+type uploadStats struct {
+	entries          []format.TreeEntry // as saved: sizes and mtimes of the bytes read
+	uploaded, reused int
+	baseGone         int // reusable files whose base object was gone, uploaded instead
+	uploadedBytes    int64
+	stamps           map[string]baseFile
+	moves            map[uint64]repointTo // reused placeholders, by inode
+}
+
+// upload writes the artifact. For a folder revision, a file unchanged since
+// the base tree (same stamp) reuses the base revision's object; only the
+// rest is uploaded. Must hold w.mu.
+func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, prog *progress, src *Workspace) (up uploadStats, err error) {
+	st, err := w.store.Stage(ctx, entry.Path)
+	if err != nil {
+		return up, err
+	}
+	st.OnWritten(func(name string, n int64) {
+		if name == "" || strings.HasPrefix(name, "files/") { // not the manifest
+			prog.bytes.Add(n)
+			prog.fileDone()
+		}
+	})
+	defer func() {
+		if err != nil {
+			st.Abort(context.WithoutCancel(ctx))
+		}
+	}()
+	if entry.Format == format.FormatArchive {
+		if err := src.ensureAll(ctx, entries); err != nil {
+			return up, err
+		}
+		pr, pw := io.Pipe()
+		go func() {
+			var err error
+			_, up.entries, err = writeArchive(pw, dir, entries, w.opts.Limits)
+			pw.CloseWithError(err)
+		}()
+		err := st.Put(ctx, "", pr, -1)
+		pr.CloseWithError(err) // unblock the writer if Put stopped early
+		if err != nil {
+			return up, err
+		}
+		up.uploadedBytes, up.uploaded = treeSize(up.entries)
+		return up, st.Commit(ctx)
+	}
+	// Reuse only from a base revision the index still holds, or another
+	// workspace's (a fork's source: if it is gone, the bytes come from
+	// the tree).
+	base := src.baseTree()
+	if base != nil && !store.IsForeign(base.revPath) && (src.index == nil || !hasRevision(src.index, base.rev)) {
+		base = nil
+	}
+	// The base's keys as w's store names them.
+	baseKey := func(k string) string { return k }
+	if src != w {
+		baseKey = src.store.(store.Family).Foreign
+	}
+	t, err := openTree(dir)
+	if err != nil {
+		return up, err
+	}
+	defer t.Close()
+	up.stamps = make(map[string]baseFile, len(entries))
+	var mu sync.Mutex // guards entries, up while uploads land
+	gone := map[string]bool{}
+	for i, te := range entries {
+		if te.Type != format.TypeFile {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return up, err
+		}
+		name := "files/" + te.Path
+		key, stp, ok := base.reusable(dir, te.Path)
+		key = baseKey(key)
+		if ok && stp.Size == uint64(te.Size) {
+			var f *os.File
+			var isGone bool
+			var err error
+			if !placeholderAt(t, te.Path) {
+				// Not a placeholder: its bytes are here, to write if
+				// the base's object is gone.
+				if f, isGone, err = openSaved(t, te.Path); err != nil {
+					return up, err
+				}
+			}
+			if !isGone {
+				if f != nil && isPlaceholder(f) {
+					// Its bytes are only in the base: nothing to
+					// upload from here if that is gone.
+					f.Close()
+					f = nil
+				}
+				err = st.Reuse(ctx, name, key, f, func(read *store.Stamp) {
+					mu.Lock()
+					defer mu.Unlock()
+					if read != nil {
+						// Its base was pruned: uploaded from the tree.
+						entries[i].Size, entries[i].Mtime = int64(read.Size), format.Mtime(read.Mtime.Nano())
+						entries[i].Stat.Ino, entries[i].Stat.Ctime = read.Ino, format.Mtime(read.Ctime.Nano())
+						up.uploaded++
+						up.uploadedBytes += int64(read.Size)
+						up.baseGone++
+						up.stamps[te.Path] = baseFile{stamp: *read, key: entry.Path + name}
+						return
+					}
+					up.reused++
+					if up.moves == nil {
+						up.moves = map[uint64]repointTo{}
+					}
+					up.moves[stp.Ino] = repointTo{path: te.Path, key: entry.Path + name}
+					up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
+				})
+				if err != nil {
+					return up, err
+				}
+				continue
+			}
+		}
+		// A placeholder gets its bytes before they are read.
+		if err := src.ensure(ctx, te.Path); err != nil {
+			return up, err
+		}
+		f, isGone, err := openSaved(t, te.Path)
+		if err != nil {
+			return up, err
+		}
+		if isGone {
+			gone[te.Path] = true // removed or replaced since the snapshot
+			continue
+		}
+		err = st.PutFile(ctx, name, f, func(stp store.Stamp) {
+			mu.Lock()
+			defer mu.Unlock()
+			// The manifest holds the bytes as read: their size and
+			// mtime, which may be newer than the snapshot's.
+			entries[i].Size = int64(stp.Size)
+			entries[i].Mtime = format.Mtime(stp.Mtime.Nano())
+			entries[i].Stat.Ino, entries[i].Stat.Ctime = stp.Ino, format.Mtime(stp.Ctime.Nano())
+			up.uploaded++
+			up.uploadedBytes += int64(stp.Size)
+			up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
+		})
+		if err != nil {
+			return up, err
+		}
+	}
+	if err := st.Flush(ctx); err != nil {
+		return up, err
+	}
+	up.entries = entries
+	if len(gone) > 0 {
+		up.entries = make([]format.TreeEntry, 0, len(entries))
+		for _, te := range entries {
+			if !gone[te.Path] {
+				up.entries = append(up.entries, te)
+			}
+		}
+	}
+	// The manifest keeps the inode numbers and ctimes the mount shows.
+	for i, te := range up.entries {
+		if te.Stat.Ino != 0 {
+			ino, ctime := src.view.Saved(te.Stat.Ino, int64(te.Stat.Ctime))
+			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, format.Mtime(ctime)
+		}
+		if up.entries[i].Stat.Ino > format.MaxShownIno {
+			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = 0, 0
+		}
+	}
+	// Files may have grown since the snapshot's check.
+	if total, _ := treeSize(up.entries); total > 0 {
+		if err := w.opts.Limits.Check(w.opts.ID, len(up.entries), total); err != nil {
+			return up, err
+		}
+	}
+	m := format.NewManifest(up.entries)
+	if f := w.Fork(); f != nil {
+		if m.Ext == nil {
+			m.Ext = &format.ManifestExt{}
+		}
+		m.Ext.Fork = f
+	}
+	data, err := m.Marshal(w.opts.Limits)
+	if err != nil {
+		return up, err
+	}
+	if err := st.Put(ctx, "manifest.json", bytes.NewReader(data), int64(len(data))); err != nil {
+		return up, err
+	}
+	return up, st.Commit(ctx)
+}
+
+// treeSize returns the bytes and the number of the files in es.
+func treeSize(es []format.TreeEntry) (bytes int64, files int) {
+	for _, te := range es {
+		if te.Type == format.TypeFile {
+			bytes += te.Size
+			files++
+		}
+	}
+	return bytes, files
+}
+
+func countType(es []format.TreeEntry, typ string) int {
+	n := 0
+	for _, te := range es {
+		if te.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// noSymlinks refuses symlinks in an archive save: AML's archive reader
+// throws on any tar member that is not a file or a directory.
+func noSymlinks(es []format.TreeEntry) error {
+	var links []string
+	for _, te := range es {
+		if te.Type == format.TypeSymlink {
+			links = append(links, fmt.Sprintf("%q", te.Path))
+		}
+	}
+	if len(links) == 0 {
+		return nil
+	}
+	if len(links) > 20 {
+		links = append(links[:20], fmt.Sprintf("and %d more", len(links)-20))
+	}
+	return amlerr.New(amlerr.UnsupportedEntry, strings.Trim(links[0], `"`), "%d symlinks, which AML's archive format cannot hold (its reader throws on them): save with --format folder, which keeps them in a manifest extension AML ignores, or exclude them: %s", countType(es, format.TypeSymlink), strings.Join(links, ", "))
+}
+
+func hasRevision(idx *format.Index, id string) bool {
+	_, ok := idx.Find(id)
+	return ok
+}
+
+// cleanOrphans removes artifacts the index does not name, left by a crashed
+// or failed save. It runs only under the lease, when no other writer can be
+// between upload and publish.
+func (w *Workspace) cleanOrphans(ctx context.Context) {
+	if w.lease == nil || w.index == nil {
+		return
+	}
+	keys, err := w.store.Artifacts(ctx)
+	if err != nil {
+		w.log.Warn("list artifacts", "op", "list", "path", w.store.String(), "err", err)
+		return
+	}
+	known := map[string]bool{}
+	for _, e := range w.index.Revisions {
+		known[e.Path] = true
+	}
+	for _, k := range keys {
+		if known[k] {
+			continue
+		}
+		w.log.Info("remove orphan artifact", "path", k)
+		if err := w.store.Remove(ctx, k); err != nil {
+			w.log.Warn("remove orphan artifact", "op", "remove-orphan", "path", k, "err", err)
+		}
+	}
+}

@@ -1,0 +1,210 @@
+package revision
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/amlfs/amlfs/revision/format"
+)
+
+func TestIncrementalSaveReusesUnchangedFiles(t *testing.T) {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		files := map[string]string{}
+		for i := 0; i < 50; i++ {
+			files[fmt.Sprintf("d%d/f%d.txt", i%5, i)] = strings.Repeat("x", i+1)
+		}
+		writeTree(t, src, files)
+		w := openWS(t, base, "inc", Options{Retention: 2})
+		first, err := w.Save(ctx, src, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.Uploaded != 50 || first.Reused != 0 {
+			t.Fatalf("first save: %+v", first)
+		}
+		// One content change, one chmod, one same-size rewrite with the old
+		// mtime put back: all three must upload; the rest is reused.
+		os.WriteFile(filepath.Join(src, "d0/f0.txt"), []byte("changed"), 0o644)
+		os.Chmod(filepath.Join(src, "d1/f1.txt"), 0o600)
+		p := filepath.Join(src, "d2/f2.txt")
+		fi, _ := os.Stat(p)
+		os.WriteFile(p, []byte("ZZZ"), 0o644)
+		os.Chtimes(p, fi.ModTime(), fi.ModTime())
+		second, err := w.Save(ctx, src, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if second.Uploaded != 3 || second.Reused != 47 || second.UploadedBytes != int64(len("changed")+2+3) {
+			t.Fatalf("second save: uploaded %d (%d bytes), reused %d", second.Uploaded, second.UploadedBytes, second.Reused)
+		}
+		// Both revisions restore exactly.
+		for _, tc := range []struct {
+			rev  string
+			want map[string]string
+		}{
+			{first.Entry.ID, files},
+			{second.Entry.ID, func() map[string]string {
+				m := map[string]string{}
+				for k, v := range files {
+					m[k] = v
+				}
+				m["d0/f0.txt"] = "changed"
+				m["d2/f2.txt"] = "ZZZ"
+				return m
+			}()},
+		} {
+			dst := filepath.Join(t.TempDir(), "w")
+			if _, err := w.Restore(ctx, tc.rev, dst, format.Selection{}); err != nil {
+				t.Fatal(err)
+			}
+			for path, want := range tc.want {
+				if got, _ := os.ReadFile(filepath.Join(dst, path)); string(got) != want {
+					t.Errorf("%s %s = %q, want %q", tc.rev, path, got, want)
+				}
+			}
+		}
+		// After a restore, an untouched tree reuses everything.
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		third, err := w.Save(ctx, dst, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if third.Uploaded != 0 || third.Reused != 50 {
+			t.Errorf("save of a fresh restore: %+v", third)
+		}
+	})
+}
+
+// TestSaveChangingTree saves, in both formats, while a writer rewrites one
+// file in place, appends lines to another, and makes and removes others:
+// every save succeeds, and each file it holds is whole (one version of
+// the rewritten file, whole lines of the log) with the manifest's size.
+func TestSaveChangingTree(t *testing.T) {
+	forStores(t, func(t *testing.T, sk string) {
+		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
+			t.Run(kind, func(t *testing.T) {
+				ctx := context.Background()
+				base, src := newBase(t, sk), t.TempDir()
+				w := openWS(t, base, "chg", Options{Format: kind, Retention: 2})
+				writeTree(t, src, map[string]string{"rewrite": strings.Repeat("v0 ", 50000), "log": "", "churn/keep": "k"})
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					rw, _ := os.OpenFile(filepath.Join(src, "rewrite"), os.O_RDWR, 0)
+					lg, _ := os.OpenFile(filepath.Join(src, "log"), os.O_WRONLY|os.O_APPEND, 0)
+					defer rw.Close()
+					defer lg.Close()
+					for i := 1; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						// In place, and of another length: a torn read
+						// mixes versions or sizes.
+						v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
+						rw.WriteAt([]byte(v), 0)
+						rw.Truncate(int64(len(v)))
+						// Opened for each rewrite, as most tools do, and of one
+						// length, so that every instant outside a write call
+						// holds one whole version.
+						if f, err := os.OpenFile(filepath.Join(src, "reopened"), os.O_WRONLY|os.O_CREATE, 0o644); err == nil {
+							f.WriteAt([]byte(strings.Repeat(fmt.Sprintf("%07d ", i), 200000)), 0)
+							f.Close()
+						}
+						fmt.Fprintf(lg, "line %d\n", i)
+						p := filepath.Join(src, "churn", fmt.Sprint("f", i%7))
+						if i%2 == 0 {
+							os.WriteFile(p, []byte(v[:i%5000]), 0o644)
+						} else {
+							os.Remove(p)
+						}
+						time.Sleep(3 * time.Millisecond)
+					}
+				}()
+				for i := 0; i < 8; i++ {
+					res, err := w.Save(ctx, src, format.Selection{}, "")
+					if err != nil {
+						close(stop)
+						<-done
+						t.Fatalf("save %d of a changing tree: %v", i, err)
+					}
+					dst := filepath.Join(t.TempDir(), "r")
+					if _, err := w.Restore(ctx, res.Entry.ID, dst, format.Selection{}); err != nil {
+						t.Fatalf("restore %d: %v", i, err)
+					}
+					for _, name := range []string{"rewrite", "reopened"} {
+						got, _ := os.ReadFile(filepath.Join(dst, name))
+						if f := strings.Fields(string(got)); len(f) > 0 && strings.Count(string(got), f[0]+" ") != len(f) {
+							t.Errorf("save %d: %s is torn: %d bytes, %d words, first %q", i, name, len(got), len(f), f[0])
+						}
+					}
+					lg, _ := os.ReadFile(filepath.Join(dst, "log"))
+					if len(lg) > 0 && lg[len(lg)-1] != '\n' {
+						t.Errorf("save %d: the log ends mid-line: %q", i, lg[max(0, len(lg)-20):])
+					}
+				}
+				close(stop)
+				<-done
+			})
+		}
+	})
+}
+
+// An archive written by another tar (GNU tar here; AML uses node-tar, also
+// rooted at ".") restores, and one amlfs writes lists cleanly with tar(1).
+func TestArchiveInteropWithTar(t *testing.T) {
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Skip("no tar")
+	}
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"a/b.txt": "bee", "top.txt": "top", "empty/": ""})
+	arch := filepath.Join(t.TempDir(), "x.tar.gz")
+	if out, err := exec.Command("tar", "-czf", arch, "-C", src, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v %s", err, out)
+	}
+	f, err := os.Open(arch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dst := t.TempDir()
+	entries, err := readArchive(f, dst, "x", format.DefaultLimits, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 4 {
+		t.Errorf("entries %+v", entries)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "a", "b.txt")); string(b) != "bee" {
+		t.Errorf("a/b.txt = %q", b)
+	}
+	// And the other way: tar(1) reads what amlfs writes.
+	es, _, _ := Snapshot(src, format.Selection{})
+	var buf bytes.Buffer
+	if _, _, err := writeArchive(&buf, src, es, format.DefaultLimits); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("tar", "-tzf", "-")
+	cmd.Stdin = &buf
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(out); got != "./\n./a/\n./empty/\n./top.txt\n./a/b.txt\n" {
+		t.Errorf("tar -t:\n%s", got)
+	}
+}
