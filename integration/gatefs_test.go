@@ -10,7 +10,7 @@ import (
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
-	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // gateFS is a loopback FUSE mount, served by the test, that can hold one
@@ -36,7 +36,7 @@ func mountGateFS(t *testing.T) *gateFS {
 		t.Fatal(err)
 	}
 	srv, err := gofs.Mount(mp, &gateNode{LoopbackNode: root.(*gofs.LoopbackNode), g: g}, &gofs.Options{
-		MountOptions: gofuse.MountOptions{DirectMount: true, FsName: "gatefs"},
+		MountOptions: fuse.MountOptions{DirectMount: true, FsName: "gatefs"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -96,12 +96,12 @@ func (n *gateNode) WrapChild(ctx context.Context, ops gofs.InodeEmbedder) gofs.I
 	return &gateNode{LoopbackNode: ops.(*gofs.LoopbackNode), g: n.g}
 }
 
-func (n *gateNode) Create(ctx context.Context, name string, flags, mode uint32, out *gofuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+func (n *gateNode) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	n.g.pass("create", name)
 	return n.LoopbackNode.Create(ctx, name, flags, mode, out)
 }
 
-func (n *gateNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *gofuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+func (n *gateNode) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	n.g.pass("link", name)
 	if t, ok := target.(*gateNode); ok {
 		target = t.LoopbackNode

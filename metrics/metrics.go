@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
-	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // Metrics is one daemon's instruments. A nil *Metrics records nothing.
@@ -85,7 +85,7 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // Observe records one FUSE request; it makes *Metrics a fuse.OpObserver.
-func (m *Metrics) Observe(op string, start time.Time, st gofuse.Status) {
+func (m *Metrics) Observe(op string, start time.Time, st fuse.Status) {
 	if m == nil {
 		return
 	}
@@ -94,7 +94,7 @@ func (m *Metrics) Observe(op string, start time.Time, st gofuse.Status) {
 		o, _ = m.fuseByOp.LoadOrStore(op, m.fuseOps.WithLabelValues(op))
 	}
 	o.(prometheus.Observer).Observe(time.Since(start).Seconds())
-	if st != gofuse.OK {
+	if st != fuse.OK {
 		m.fuseErrors.WithLabelValues(op, strconv.Itoa(int(st))).Inc()
 	}
 }

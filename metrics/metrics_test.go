@@ -5,13 +5,13 @@ import (
 	"testing"
 	"time"
 
-	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 func TestSnapshotMatchesInstruments(t *testing.T) {
 	m := New()
-	m.Observe("lookup", time.Now(), gofuse.OK)
-	m.Observe("lookup", time.Now(), gofuse.ENOENT)
+	m.Observe("lookup", time.Now(), fuse.OK)
+	m.Observe("lookup", time.Now(), fuse.ENOENT)
 	m.S3Request("PutObject", 200, time.Millisecond)
 	m.S3Request("GetObject", 0, time.Millisecond)
 	m.Save("published", time.Second, 10, 5)
@@ -37,7 +37,7 @@ func TestSnapshotMatchesInstruments(t *testing.T) {
 		}
 	}
 	var nilM *Metrics
-	nilM.Observe("x", time.Now(), gofuse.OK) // a nil *Metrics records nothing
+	nilM.Observe("x", time.Now(), fuse.OK) // a nil *Metrics records nothing
 }
 
 // BenchmarkObserve is the cost metrics add to every FUSE request.
@@ -46,7 +46,7 @@ func BenchmarkObserve(b *testing.B) {
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.Observe("getattr", start, gofuse.OK)
+			m.Observe("getattr", start, fuse.OK)
 		}
 	})
 }

@@ -1,5 +1,6 @@
-// Package posix holds the POSIX rules that every provider applies alike,
-// whatever holds its files.
+// Package posix holds what every provider of the FUSE tree does alike,
+// whatever holds its files: the POSIX rules for modes, and dropping what
+// the kernel caches of a subtree whose files changed behind it.
 package posix
 
 import "syscall"

@@ -22,8 +22,8 @@ import (
 	"syscall"
 	"time"
 
-	amlfuse "github.com/amlfs/amlfs/fuse"
 	"github.com/amlfs/amlfs/fuse/loopback"
+	"github.com/amlfs/amlfs/fuse/posix"
 	"github.com/fsnotify/fsnotify"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -211,7 +211,7 @@ func (p *Provider) invalidate(ev fsnotify.Event) {
 // root; "" for all of it) and of everything beneath it that the kernel
 // knows: entries, attributes and pages. The next access reads the host.
 func (p *Provider) Refresh(rel string) error {
-	amlfuse.Invalidate(p.root.EmbeddedInode(), rel)
+	posix.Invalidate(p.root.EmbeddedInode(), rel)
 	return nil
 }
 
@@ -253,7 +253,7 @@ func (n *node) checkRoot() {
 	n.p.mu.Unlock()
 	// Not inline: the kernel holds this directory locked for the
 	// request being served, and an invalidation waits for that lock.
-	go amlfuse.Invalidate(n.EmbeddedInode(), "")
+	go posix.Invalidate(n.EmbeddedInode(), "")
 }
 
 var _ = (gofs.NodeOpendirHandler)((*node)(nil))

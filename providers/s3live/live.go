@@ -24,7 +24,7 @@ import (
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/cache"
-	amlfuse "github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/fuse/posix"
 	"github.com/amlfs/amlfs/s3client"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -517,6 +517,6 @@ func (l *Live) Refresh(sub string) error {
 	}
 	l.mu.Unlock()
 
-	amlfuse.Invalidate(l.root.EmbeddedInode(), sub)
+	posix.Invalidate(l.root.EmbeddedInode(), sub)
 	return nil
 }

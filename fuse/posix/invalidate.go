@@ -1,4 +1,4 @@
-package fuse
+package posix
 
 import (
 	"path/filepath"
