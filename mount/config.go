@@ -5,25 +5,20 @@
 package mount
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/user"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/fuse"
+	"github.com/amlfs/amlfs/revision"
 	"github.com/amlfs/amlfs/revision/format"
-	"github.com/amlfs/amlfs/revision/store"
-	"github.com/amlfs/amlfs/revision/store/dirstore"
-	"github.com/amlfs/amlfs/revision/store/s3store"
 	"github.com/amlfs/amlfs/s3client"
 )
 
@@ -37,89 +32,132 @@ const (
 	SaveNever     = "never"
 )
 
-// Config is everything `amlfs mount` takes.
+// Config is everything `amlfs mount` takes, one struct per concern. A
+// field a user sets carries its name in a `key` tag and its help in a
+// `usage` tag: that one name is the flag (--KEY), the environment
+// variable (AMLFS_KEY: capitals, _ for -) and the key of a YAML config
+// file, all generated from it (cmd/amlfs). A field's value in
+// DefaultConfig is its default. Normalize fills what is unset with those
+// defaults and validates each concern.
 type Config struct {
 	Mountpoint string
-	// AllowUserOwnedParents accepts a mountpoint a parent of which another
-	// user could rename or replace (mountpoint.Policy).
-	AllowUserOwnedParents bool
-	Store                 string // file:///dir
-	ID                    string
-	// IDGiven says --id was given: an empty one is refused, not taken
+	StoreConfig
+	RevisionConfig
+	ServeConfig
+	LiveConfig
+	CacheConfig
+	ToolConfig
+	LimitConfig
+}
+
+// StoreConfig is where the workspace's revisions live, and how to reach
+// them.
+type StoreConfig struct {
+	Store string `key:"store" usage:"durable store: file:///dir, s3://bucket/prefix, or none (live mounts only)"`
+	ID    string `key:"id" usage:"workspace identity (default for a mount: a new UUID, printed)"`
+	// IDGiven says the id was given: an empty one is refused, not taken
 	// for "a new workspace".
-	IDGiven bool
-	Load    string // current | REV | none
+	IDGiven     bool
+	S3Endpoint  string        `key:"s3-endpoint" usage:"S3 endpoint URL (the AWS config chain and AWS_ENDPOINT_URL also apply)"`
+	S3PathStyle bool          `key:"s3-path-style" usage:"address buckets by path (http://host/bucket), as most S3-compatible servers want"`
+	S3Timeout   time.Duration `key:"s3-timeout" usage:"abort and retry an S3 request whose connection has been silent this long"`
+	// S3 is the S3 client's settings, made by Validate.
+	S3                        S3Options
+	NoLock                    bool `key:"no-lock" usage:"skip the writer lease (publication stays conditional)"`
+	UnsafeNoConditionalWrites bool `key:"unsafe-no-conditional-writes" usage:"lock and publish even if the store ignores If-None-Match/If-Match"`
+}
+
+// RevisionConfig is what the mount loads, what its saves take and
+// publish, and how the tree is restored.
+type RevisionConfig struct {
+	Load string `key:"load" usage:"current, a revision id, or none"`
 	// From, "ID" or "ID@REV", seeds a new workspace with a revision of
 	// another one on the same store (a fork).
-	From        string
-	Format      string
-	Save        string
-	Retention   int
-	Include     []string
-	Exclude     []string
-	NoGitignore bool
-	NoLock      bool
-	// MetricsAddr, if set, is where Prometheus metrics are served
-	// (host:port).
-	MetricsAddr string
-	// DiscardUnsaved throws away a working tree an earlier run left
-	// unsaved, instead of resuming it.
-	DiscardUnsaved bool
-	CacheDir       string
-	FuseOptions    []string
+	From           string   `key:"from" usage:"seed this new workspace with a revision of another one on the same store: ID or ID@REV (a fork)"`
+	Format         string   `key:"format" usage:"format of saved revisions: folder or archive"`
+	Save           string   `key:"save" usage:"on-success, always or never"`
+	Retention      int      `key:"retention" usage:"revisions kept, counting the new current one"`
+	Include        []string `key:"include" usage:"glob of paths to save and restore (repeatable)"`
+	Exclude        []string `key:"exclude" usage:"glob of paths never saved or restored (repeatable; wins over include)"`
+	NoGitignore    bool     `key:"no-gitignore" usage:"save paths .gitignore ignores"`
+	DiscardUnsaved bool     `key:"discard-unsaved" usage:"throw away a working tree a crashed or failed run left unsaved, instead of resuming it"`
+	StrictEntries  bool     `key:"strict-entries" usage:"fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"`
+	// Restore is "lazy" (placeholders fetched on first use) or "full".
+	Restore      string        `key:"restore" usage:"lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"`
+	Prefetch     int           `key:"prefetch" usage:"background fetches at once after a lazy restore (0: fetch only on use)"`
+	FetchTimeout time.Duration `key:"fetch-timeout" usage:"the longest a reader of a lazily restored file waits for its bytes, retries and all, before it gets EIO"`
+}
+
+// ServeConfig is how the tree is served at the mountpoint.
+type ServeConfig struct {
+	// Serve is ServeNative, ServeFUSE or ServeAuto.
+	Serve                 string `key:"serve" usage:"native: bind-mount the working tree (root, Linux 6.14+), the disk's own speed; fuse: serve it through FUSE; auto: native where it can run"`
+	AllowUserOwnedParents bool   `key:"allow-user-owned-parents" usage:"mount even where another user could rename or replace a parent of the mountpoint (such as /home/agent/workspace when run as root); no symlink is followed either way"`
+	// FuseOptions are the -o values, each comma-separated.
+	FuseOptions []string `key:"o" usage:"FUSE mount options, comma-separated (allow_other, default_permissions, ...)"`
 	// Access is who may reach the mount, settled from FuseOptions by
-	// Normalize; fuseOptions are the options FUSE gets for it.
+	// Validate; fuseOptions are the options FUSE gets for it.
 	Access      Access
 	fuseOptions []string
 	// Timeout is the kernel entry/attr cache time (0: the default).
-	Timeout time.Duration
-	S3      S3Options
-	// Restore is "lazy" (placeholders fetched on first use) or "full".
-	Restore string
-	// Serve is how the workspace is served: ServeNative, ServeFUSE or
-	// ServeAuto ("" is DefaultServe).
-	Serve string
+	Timeout     time.Duration `key:"kernel-cache" usage:"kernel entry/attr cache time (0: 1h)"`
+	Debug       bool          `key:"fuse-debug" usage:"log every FUSE request"`
+	MetricsAddr string        `key:"metrics-addr" usage:"serve Prometheus metrics at http://ADDR/metrics (host:port, such as 127.0.0.1:9100)"`
 	// Keeper is the amlfs binary, which native serving runs again as its
 	// keeper (native.KeeperArg); "" runs none.
 	Keeper string
-	// Prefetch is the number of background fetches after a lazy restore.
-	Prefetch int
-	// FetchTimeout bounds one lazy fetch: a reader of a file not fetched
-	// yet waits at most this long, then gets EIO (0: the default).
-	FetchTimeout time.Duration
-	// UnsafeNoConditionalWrites lets a mount lock and publish to a store
-	// whose conditional writes failed the probe.
-	UnsafeNoConditionalWrites bool
-	Debug                     bool
-	// Mounts are the --mount specs; Live is them parsed by Normalize.
-	Mounts []string
-	Live   []MountSpec
-	// CacheSize bounds the S3 live mounts' data cache in bytes;
-	// CacheSizeText is the flag ("10GiB"), parsed into it by Normalize.
+}
+
+// LiveConfig is the live mounts beside the workspace.
+type LiveConfig struct {
+	// Mounts are the specs; Live is them parsed by Validate.
+	Mounts      []string `key:"mount" usage:"live mount /PREFIX=file:///host/dir[,ro] or /PREFIX=s3://bucket/prefix[,ro] beside the workspace (repeatable)"`
+	Live        []MountSpec
+	MetadataTTL time.Duration `key:"metadata-ttl" usage:"how long S3 live mounts trust listings and metadata before asking the bucket again"`
+}
+
+// CacheConfig is where working trees and the S3 live mounts' data live.
+type CacheConfig struct {
+	CacheDir string `key:"cache-dir" usage:"where working trees live"`
+	// CacheSizeText ("10GiB") is parsed into CacheSize by Validate.
+	CacheSizeText string `key:"cache-size" usage:"bound of the S3 live mounts' local data cache (bytes, or with KiB, MiB, GiB, TiB)"`
 	CacheSize     int64
-	CacheSizeText string
-	// MetadataTTL is how long S3 live mounts trust listings and metadata.
-	MetadataTTL time.Duration
-	// StrictEntries fails a save that meets a special file.
-	StrictEntries bool
+}
+
+// ToolConfig is the file tools' view of the tree.
+type ToolConfig struct {
 	// SandboxPath is where the sandbox sees the mount (the mountpoint if
 	// empty): tool calls take and give paths under it.
-	SandboxPath string
-	// SandboxUser, if set, is the sandbox's user (a name, UID or
-	// UID:GID): what the file tools make is theirs. Otherwise a new file
-	// or directory takes its parent directory's owner. Normalize settles
-	// it into sandboxOwner.
-	SandboxUser  string
+	SandboxPath string `key:"sandbox-path" usage:"where the sandbox sees the mount, if not at MOUNTPOINT (a container that bind-mounts it at /workspace): file tools take and give paths under it"`
+	// SandboxUser, if set, is the sandbox's user: what the file tools
+	// make is theirs. Validate settles it into sandboxOwner.
+	SandboxUser  string `key:"sandbox-user" usage:"the sandbox's user (name, UID or UID:GID): files and directories the file tools make are theirs (by default a new one takes its parent directory's owner; a rewrite always keeps the file's own)"`
 	sandboxOwner *[2]int
-	// ToolTimeout bounds one file-tool call (DefaultToolTimeout if 0).
-	ToolTimeout time.Duration
-	// Limits bound a revision, on save and on load; MaxEntries and the
-	// size texts ("1GiB") are the flags, parsed into it by Normalize (zero
-	// or empty: AML's defaults).
+	ToolTimeout  time.Duration `key:"tool-timeout" usage:"longest a file-tool call may run (grep is stopped mid-file)"`
+}
+
+// LimitConfig bounds what a revision may hold, on save and on load. The
+// defaults are AML's, whose readers need the same limits to load a
+// revision over them. Validate parses the texts into Limits.
+type LimitConfig struct {
+	MaxEntries          int    `key:"max-entries" usage:"most entries (files, directories, symlinks) a revision may hold; the manifest bound of 4MiB grows in proportion above the default"`
+	MaxBytesText        string `key:"max-bytes" usage:"most bytes of files a revision may hold (bytes, or with KiB, MiB, GiB, TiB)"`
+	MaxArchiveBytesText string `key:"max-archive-bytes" usage:"largest compressed archive revision (bytes, or with KiB, MiB, GiB, TiB)"`
 	Limits              format.Limits
-	MaxEntries          int
-	MaxBytesText        string
-	MaxArchiveBytesText string
+}
+
+// DefaultConfig is every default, for flags to show and Normalize to fill
+// in: a field left zero in a Config takes its value here.
+func DefaultConfig() Config {
+	return Config{
+		StoreConfig:    StoreConfig{Store: DefaultStore(), S3Timeout: s3client.DefaultIOTimeout},
+		RevisionConfig: RevisionConfig{Load: "current", Format: format.FormatFolder, Save: SaveOnSuccess, Retention: 1, Restore: "lazy", Prefetch: 4, FetchTimeout: revision.DefaultFetchTimeout},
+		ServeConfig:    ServeConfig{Serve: DefaultServe},
+		LiveConfig:     LiveConfig{MetadataTTL: DefaultMetadataTTL},
+		CacheConfig:    CacheConfig{CacheDir: DefaultCacheDir(), CacheSizeText: "10GiB"},
+		ToolConfig:     ToolConfig{ToolTimeout: DefaultToolTimeout},
+		LimitConfig:    LimitConfig{MaxEntries: format.DefaultLimits.Entries, MaxBytesText: "1GiB", MaxArchiveBytesText: "256MiB"},
+	}
 }
 
 // ParseLimits reads --max-entries, --max-bytes and --max-archive-bytes; a
@@ -162,26 +200,8 @@ func invalid(subject, format string, args ...any) error {
 	return amlerr.New(amlerr.InvalidConfig, subject, format, args...)
 }
 
-// DefaultStore is file://$XDG_DATA_HOME/amlfs/workspaces.
-func DefaultStore() string {
-	data := os.Getenv("XDG_DATA_HOME")
-	if data == "" {
-		home, _ := os.UserHomeDir()
-		data = filepath.Join(home, ".local", "share")
-	}
-	return "file://" + filepath.Join(data, "amlfs", "workspaces")
-}
-
-// DefaultCacheDir is $XDG_CACHE_HOME/amlfs.
-func DefaultCacheDir() string {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		dir = os.TempDir()
-	}
-	return filepath.Join(dir, "amlfs")
-}
-
-// Normalize fills defaults and validates. It does not touch the store.
+// Normalize fills every unset field with its default (DefaultConfig) and
+// validates each concern. It does not touch the store.
 func (c *Config) Normalize() error {
 	if c.Mountpoint == "" {
 		return invalid("", "MOUNTPOINT is required")
@@ -191,134 +211,177 @@ func (c *Config) Normalize() error {
 		return invalid(c.Mountpoint, "%v", err)
 	}
 	c.Mountpoint = mp
-	if c.Store == "" {
-		c.Store = DefaultStore()
-	}
-	if c.ID != "" || c.IDGiven {
-		if err := format.ValidateID(c.ID); err != nil {
+	fillZero(c, DefaultConfig())
+	for _, v := range []interface{ Validate() error }{&c.StoreConfig, &c.RevisionConfig, &c.ServeConfig, &c.LiveConfig, &c.CacheConfig, &c.ToolConfig, &c.LimitConfig} {
+		if err := v.Validate(); err != nil {
 			return err
 		}
 	}
-	if c.Load == "" {
-		c.Load = "current"
-	}
+	// What concerns two of them.
 	if c.From != "" {
-		id, rev, _ := strings.Cut(c.From, "@")
-		if err := format.ValidateID(id); err != nil {
-			return invalid(c.From, "--from: %v", err)
+		if id, _, _ := strings.Cut(c.From, "@"); id == c.ID {
+			return invalid(c.From, "from names the workspace itself; a fork needs a new id")
 		}
-		if id == c.ID {
-			return invalid(c.From, "--from names the workspace itself; a fork needs a new --id")
+	}
+	if strings.HasPrefix(c.CacheDir+"/", c.Mountpoint+"/") {
+		return invalid(c.CacheDir, "cache-dir must not be inside the mountpoint")
+	}
+	return c.Selection().Validate()
+}
+
+// fillZero sets every zero field of the user's keys in c to def's value.
+func fillZero(c *Config, def Config) {
+	cv, dv := reflect.ValueOf(c).Elem(), reflect.ValueOf(def)
+	var walk func(cv, dv reflect.Value)
+	walk = func(cv, dv reflect.Value) {
+		for i := range cv.NumField() {
+			f := cv.Type().Field(i)
+			switch {
+			case f.Anonymous:
+				walk(cv.Field(i), dv.Field(i))
+			case f.Tag.Get("key") != "" && cv.Field(i).IsZero():
+				cv.Field(i).Set(dv.Field(i))
+			}
+		}
+	}
+	walk(cv, dv)
+}
+
+// Validate checks the store's fields.
+func (s *StoreConfig) Validate() error {
+	if s.ID != "" || s.IDGiven {
+		if err := format.ValidateID(s.ID); err != nil {
+			return err
+		}
+	}
+	if s.Store != StoreNone {
+		if _, err := ParseStore(s.Store); err != nil {
+			return err
+		}
+	}
+	if s.S3Timeout < 0 {
+		return invalid(s.S3Timeout.String(), "s3-timeout must be positive")
+	}
+	s.S3 = S3Options{Endpoint: s.S3Endpoint, PathStyle: s.S3PathStyle, IOTimeout: s.S3Timeout}
+	return nil
+}
+
+// Validate checks what the mount loads and saves.
+func (r *RevisionConfig) Validate() error {
+	if r.From != "" {
+		id, rev, _ := strings.Cut(r.From, "@")
+		if err := format.ValidateID(id); err != nil {
+			return invalid(r.From, "from: %v", err)
 		}
 		if rev != "" && rev != "current" {
 			if err := format.ValidateRevisionID(rev); err != nil {
-				return invalid(c.From, "--from: %v", err)
+				return invalid(r.From, "from: %v", err)
 			}
 		}
-		if c.Load != "current" {
-			return invalid(c.From, "--from and --load cannot be given together: --from chooses what the new workspace loads")
+		if r.Load != "current" {
+			return invalid(r.From, "from and load cannot be given together: from chooses what the new workspace loads")
 		}
 	}
-	if c.Load != "current" && c.Load != "none" {
-		if err := format.ValidateRevisionID(c.Load); err != nil {
-			return invalid(c.Load, "--load: %v", err)
+	if r.Load != "current" && r.Load != "none" {
+		if err := format.ValidateRevisionID(r.Load); err != nil {
+			return invalid(r.Load, "load: %v", err)
 		}
 	}
-	if c.Format == "" {
-		c.Format = format.FormatFolder
+	switch {
+	case r.Format != format.FormatFolder && r.Format != format.FormatArchive:
+		return invalid(r.Format, "format must be folder or archive")
+	case r.Save != SaveOnSuccess && r.Save != SaveAlways && r.Save != SaveNever:
+		return invalid(r.Save, "save must be on-success, always or never")
+	case r.Restore != "lazy" && r.Restore != "full":
+		return invalid(r.Restore, "restore must be lazy or full")
+	case r.Prefetch < 0:
+		return invalid(fmt.Sprint(r.Prefetch), "prefetch must be 0 or more")
+	case r.Retention < 1:
+		return invalid(fmt.Sprint(r.Retention), "retention must be at least 1")
+	case r.FetchTimeout < 0:
+		return invalid(r.FetchTimeout.String(), "fetch-timeout must be positive")
 	}
-	if c.Format != format.FormatFolder && c.Format != format.FormatArchive {
-		return invalid(c.Format, "--format must be folder or archive")
+	return nil
+}
+
+// Validate checks how the tree is served, and settles who may reach it.
+func (s *ServeConfig) Validate() error {
+	if s.Serve != ServeNative && s.Serve != ServeFUSE && s.Serve != ServeAuto {
+		return invalid(s.Serve, "serve must be native, fuse or auto")
 	}
-	if c.Save == "" {
-		c.Save = SaveOnSuccess
+	var opts []string
+	for _, o := range s.FuseOptions {
+		opts = append(opts, strings.Split(o, ",")...)
 	}
-	switch c.Save {
-	case SaveOnSuccess, SaveAlways, SaveNever:
-	default:
-		return invalid(c.Save, "--save must be on-success, always or never")
+	s.FuseOptions = opts
+	var err error
+	if s.fuseOptions, s.Access, err = fuseAccess(s.FuseOptions, os.Geteuid() == 0); err != nil {
+		return err
 	}
-	if c.Restore == "" {
-		c.Restore = "lazy"
+	if err := fuse.CheckOwnerOptions(s.FuseOptions); err != nil {
+		return invalid(strings.Join(s.FuseOptions, ","), "o: %v (uid= and gid= take a number, umask= an octal mode)", err)
 	}
-	if c.Restore != "lazy" && c.Restore != "full" {
-		return invalid(c.Restore, "--restore must be lazy or full")
+	if s.Timeout < 0 {
+		return invalid(s.Timeout.String(), "kernel-cache must be positive")
 	}
-	if c.Serve == "" {
-		c.Serve = DefaultServe
+	return nil
+}
+
+// Validate parses the live mounts.
+func (l *LiveConfig) Validate() error {
+	var err error
+	if l.Live, err = ParseMounts(l.Mounts); err != nil {
+		return err
 	}
-	if c.Serve != ServeNative && c.Serve != ServeFUSE && c.Serve != ServeAuto {
-		return invalid(c.Serve, "--serve must be native, fuse or auto")
+	if l.MetadataTTL < 0 {
+		return invalid(l.MetadataTTL.String(), "metadata-ttl must be positive")
 	}
-	if c.Prefetch < 0 {
-		return invalid(fmt.Sprint(c.Prefetch), "--prefetch must be 0 or more")
-	}
-	if c.Retention == 0 {
-		c.Retention = 1
-	}
-	if c.Retention < 1 {
-		return invalid(fmt.Sprint(c.Retention), "--retention must be at least 1")
-	}
-	if c.CacheDir == "" {
-		c.CacheDir = DefaultCacheDir()
-	}
+	return nil
+}
+
+// Validate settles the cache's place and bound.
+func (c *CacheConfig) Validate() error {
+	var err error
 	if c.CacheDir, err = filepath.Abs(c.CacheDir); err != nil {
 		return invalid(c.CacheDir, "%v", err)
 	}
-	if strings.HasPrefix(c.CacheDir+"/", c.Mountpoint+"/") {
-		return invalid(c.CacheDir, "--cache-dir must not be inside the mountpoint")
-	}
-	if c.Store != StoreNone {
-		if _, err := ParseStore(c.Store); err != nil {
-			return err
-		}
-	}
-	if c.fuseOptions, c.Access, err = fuseAccess(c.FuseOptions, os.Geteuid() == 0); err != nil {
-		return err
-	}
-	if err := fuse.CheckOwnerOptions(c.FuseOptions); err != nil {
-		return invalid(strings.Join(c.FuseOptions, ","), "-o: %v (uid= and gid= take a number, umask= an octal mode)", err)
-	}
-	if c.Live, err = ParseMounts(c.Mounts); err != nil {
-		return err
-	}
 	if c.CacheSizeText != "" {
 		if c.CacheSize, err = ParseSize(c.CacheSizeText); err != nil {
-			return invalid(c.CacheSizeText, "--cache-size: %v", err)
+			return invalid(c.CacheSizeText, "cache-size: %v", err)
 		}
 	}
 	if c.CacheSize == 0 {
 		c.CacheSize = DefaultCacheSize
 	}
 	if c.CacheSize < 1<<20 {
-		return invalid(fmt.Sprint(c.CacheSize), "--cache-size must be at least 1MiB")
+		return invalid(fmt.Sprint(c.CacheSize), "cache-size must be at least 1MiB")
 	}
-	if c.ToolTimeout == 0 {
-		c.ToolTimeout = DefaultToolTimeout
+	return nil
+}
+
+// Validate checks the tools' settings and settles the sandbox's owner.
+func (t *ToolConfig) Validate() error {
+	if t.ToolTimeout < 0 {
+		return invalid(t.ToolTimeout.String(), "tool-timeout must be positive")
 	}
-	if c.ToolTimeout < 0 {
-		return invalid(c.ToolTimeout.String(), "--tool-timeout must be positive")
-	}
-	if c.SandboxUser != "" {
-		uid, gid, err := parseUser(c.SandboxUser)
+	if t.SandboxUser != "" {
+		uid, gid, err := parseUser(t.SandboxUser)
 		if err != nil {
-			return invalid(c.SandboxUser, "--sandbox-user: %v", err)
+			return invalid(t.SandboxUser, "sandbox-user: %v", err)
 		}
-		c.sandboxOwner = &[2]int{uid, gid}
+		t.sandboxOwner = &[2]int{uid, gid}
 	}
-	if c.SandboxPath != "" && !filepath.IsAbs(c.SandboxPath) {
-		return invalid(c.SandboxPath, "--sandbox-path must be absolute, such as /workspace")
+	if t.SandboxPath != "" && !filepath.IsAbs(t.SandboxPath) {
+		return invalid(t.SandboxPath, "sandbox-path must be absolute, such as /workspace")
 	}
-	if c.Limits, err = ParseLimits(c.MaxEntries, c.MaxBytesText, c.MaxArchiveBytesText); err != nil {
-		return err
-	}
-	if c.MetadataTTL == 0 {
-		c.MetadataTTL = DefaultMetadataTTL
-	}
-	if c.MetadataTTL < 0 {
-		return invalid(c.MetadataTTL.String(), "--metadata-ttl must be positive")
-	}
-	return c.Selection().Validate()
+	return nil
+}
+
+// Validate parses the limits.
+func (l *LimitConfig) Validate() error {
+	var err error
+	l.Limits, err = ParseLimits(l.MaxEntries, l.MaxBytesText, l.MaxArchiveBytesText)
+	return err
 }
 
 // Selection is the save/restore selection of the config.
@@ -329,91 +392,6 @@ func (c *Config) Selection() format.Selection {
 		sel.Hidden = append(sel.Hidden, m.Rel())
 	}
 	return sel
-}
-
-// StoreSpec is a parsed --store URL.
-type StoreSpec struct {
-	Kind   string // "file" or "s3"
-	Dir    string // file: the store directory
-	Bucket string // s3
-	Prefix string // s3: the key prefix (AML's default aml/workspaces)
-}
-
-// ParseStore parses file:///dir or s3://bucket[/prefix].
-func ParseStore(storeURL string) (StoreSpec, error) {
-	u, err := url.Parse(storeURL)
-	if err != nil {
-		return StoreSpec{}, invalid(storeURL, "bad store URL: %v", err)
-	}
-	switch u.Scheme {
-	case "file":
-		dir, err := fileURLDir(u, storeURL, "store")
-		if err != nil {
-			return StoreSpec{}, err
-		}
-		return StoreSpec{Kind: "file", Dir: dir}, nil
-	case "s3":
-		su, err := s3client.ParseURL(storeURL, s3store.DefaultPrefix)
-		if err != nil {
-			return StoreSpec{}, invalid(storeURL, "%v", err)
-		}
-		return StoreSpec{Kind: "s3", Bucket: su.Bucket, Prefix: su.Prefix}, nil
-	}
-	return StoreSpec{}, invalid(storeURL, "unsupported store scheme %q (use file:///dir or s3://bucket/prefix)", u.Scheme)
-}
-
-// fileURLDir returns the local directory of a file:// URL: file:///abs/dir
-// or file://localhost/abs/dir, cleaned. what names the URL's role in
-// errors ("store", "mount").
-func fileURLDir(u *url.URL, subject, what string) (string, error) {
-	if u.Host != "" && u.Host != "localhost" {
-		return "", invalid(subject, "file:// %s must be local: file:///absolute/dir", what)
-	}
-	if u.Path == "" || !filepath.IsAbs(u.Path) {
-		return "", invalid(subject, "file:// %s needs an absolute path: file:///absolute/dir", what)
-	}
-	return filepath.Clean(u.Path), nil
-}
-
-// S3Options are the S3 settings from the command line.
-type S3Options = s3client.Options
-
-// OpenStore returns the store for workspace id.
-func OpenStore(ctx context.Context, storeURL string, s3o S3Options, id string) (store.Store, error) {
-	spec, err := ParseStore(storeURL)
-	if err != nil {
-		return nil, err
-	}
-	if spec.Kind == "s3" {
-		client, err := s3client.NewClient(ctx, s3o)
-		if err != nil {
-			return nil, err
-		}
-		st, err := s3store.New(client, spec.Bucket, spec.Prefix, id)
-		if err != nil {
-			return nil, invalid(id, "--id: %v", err)
-		}
-		return st, nil
-	}
-	st, err := dirstore.New(spec.Dir, id)
-	if err != nil {
-		return nil, invalid(id, "--id: %v", err)
-	}
-	return st, nil
-}
-
-// RuntimeDir is where control sockets and daemon logs live.
-func RuntimeDir() string {
-	if d := os.Getenv("AMLFS_RUNTIME_DIR"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "amlfs")
-	}
-	if os.Geteuid() == 0 {
-		return "/run/amlfs"
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("amlfs-%d", os.Geteuid()))
 }
 
 // parseUser reads a user as a name, a UID or UID:GID; a name or a lone
@@ -446,22 +424,6 @@ func parseUser(s string) (int, int, error) {
 		gid = int(n)
 	}
 	return uid, gid, nil
-}
-
-// mountKey names per-mountpoint runtime files.
-func mountKey(mountpoint string) string {
-	sum := sha256.Sum256([]byte(filepath.Clean(mountpoint)))
-	return hex.EncodeToString(sum[:8])
-}
-
-// SocketPath is the control socket of the daemon serving mountpoint.
-func SocketPath(mountpoint string) string {
-	return filepath.Join(RuntimeDir(), mountKey(mountpoint)+".sock")
-}
-
-// LogPath is where a --daemon's logs go.
-func LogPath(mountpoint string) string {
-	return filepath.Join(RuntimeDir(), mountKey(mountpoint)+".log")
 }
 
 // ParseSize parses a byte count: digits, optionally followed by K, M, G or

@@ -9,7 +9,7 @@ import (
 
 func TestNormalize(t *testing.T) {
 	ok := func() Config {
-		return Config{Mountpoint: "/tmp/x/../ws", Store: "file:///var/lib/amlfs", ID: "a", CacheDir: "/var/cache/amlfs"}
+		return Config{Mountpoint: "/tmp/x/../ws", StoreConfig: StoreConfig{Store: "file:///var/lib/amlfs", ID: "a"}, CacheConfig: CacheConfig{CacheDir: "/var/cache/amlfs"}}
 	}
 	c := ok()
 	if err := c.Normalize(); err != nil {
@@ -101,12 +101,12 @@ func FuzzParseSize(f *testing.F) {
 
 func TestBadOwnerOptionRefusedEarly(t *testing.T) {
 	for _, o := range []string{"uid=abc", "gid=-1", "umask=999", "uid=1,gid=x"} {
-		c := Config{Mountpoint: "/mnt/x", Store: "file:///s", FuseOptions: strings.Split(o, ",")}
+		c := Config{Mountpoint: "/mnt/x", StoreConfig: StoreConfig{Store: "file:///s"}, ServeConfig: ServeConfig{FuseOptions: strings.Split(o, ",")}}
 		if err := c.Normalize(); amlerr.Code(err) != amlerr.InvalidConfig {
 			t.Errorf("-o %s: %v", o, err)
 		}
 	}
-	c := Config{Mountpoint: "/mnt/x", Store: "file:///s", FuseOptions: []string{"uid=1000", "gid=1000", "umask=022"}}
+	c := Config{Mountpoint: "/mnt/x", StoreConfig: StoreConfig{Store: "file:///s"}, ServeConfig: ServeConfig{FuseOptions: []string{"uid=1000", "gid=1000", "umask=022"}}}
 	if err := c.Normalize(); err != nil {
 		t.Error(err)
 	}

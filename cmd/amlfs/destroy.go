@@ -15,23 +15,21 @@ func destroyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "destroy",
 		Usage: "remove a workspace's durable state (index, revisions, lock); refuses while a live lease is held; safe to repeat",
-		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
-			&cli.StringFlag{Name: "id", Usage: "workspace identity", Required: true},
+		Flags: append(omit(storeFlags(), "max-entries", "max-bytes", "max-archive-bytes"),
 			&cli.BoolFlag{Name: "yes", Usage: "confirm: every revision of the workspace is removed"},
 			&cli.BoolFlag{Name: "purge-cache", Usage: "also remove the local working trees and recovery state under --cache-dir"},
 			&cli.StringFlag{Name: "cache-dir", DefaultText: "$XDG_CACHE_HOME/amlfs"},
-		}, s3Flags()...),
+		),
 		Action: func(c *cli.Context) error {
 			id := c.String("id")
 			if !c.Bool("yes") {
 				return amlerr.New(amlerr.InvalidConfig, id, "destroy removes every revision of the workspace; pass --yes")
 			}
-			storeURL := c.String("store")
-			if storeURL == "" {
-				storeURL = mount.DefaultStore()
+			sc, _, err := storeFrom(c)
+			if err != nil {
+				return err
 			}
-			st, err := mount.OpenStore(c.Context, storeURL, s3Options(c), id)
+			st, err := mount.OpenStore(c.Context, sc.Store, sc.S3, id)
 			if err != nil {
 				return err
 			}

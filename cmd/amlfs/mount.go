@@ -20,90 +20,55 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/mount"
 	"github.com/amlfs/amlfs/revision"
-	"github.com/amlfs/amlfs/revision/format"
-	"github.com/amlfs/amlfs/s3client"
 )
 
+// mountFlags are every setting of mount.Config, declared there.
 func mountFlags() []cli.Flag {
-	return append([]cli.Flag{
-		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
-		&cli.StringFlag{Name: "id", Usage: "workspace identity (default: a new UUID, printed)"},
-		&cli.StringFlag{Name: "load", Value: "current", Usage: "current, a revision id, or none"},
-		&cli.StringFlag{Name: "from", Usage: "seed this new workspace with a revision of another one on the same store: ID or ID@REV (a fork)"},
-		&cli.StringFlag{Name: "format", Value: "folder", Usage: "format of saved revisions: folder or archive"},
-		&cli.StringFlag{Name: "save", Value: mount.SaveOnSuccess, Usage: "on-success, always or never"},
-		&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
-		&cli.StringSliceFlag{Name: "include", Usage: "glob of paths to save and restore (repeatable)"},
-		&cli.StringSliceFlag{Name: "exclude", Usage: "glob of paths never saved or restored (repeatable; wins over include)"},
-		&cli.BoolFlag{Name: "no-gitignore", Usage: "save paths .gitignore ignores"},
-		&cli.BoolFlag{Name: "no-lock", Usage: "skip the writer lease (publication stays conditional)"},
-		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics at http://ADDR/metrics (host:port, such as 127.0.0.1:9100)"},
-		&cli.BoolFlag{Name: "discard-unsaved", Usage: "throw away a working tree a crashed or failed run left unsaved, instead of resuming it"},
-		&cli.BoolFlag{Name: "allow-user-owned-parents", Usage: "mount even where another user could rename or replace a parent of the mountpoint (such as /home/agent/workspace when run as root); no symlink is followed either way"},
-		&cli.StringFlag{Name: "cache-dir", Usage: "where working trees live", DefaultText: "$XDG_CACHE_HOME/amlfs"},
-		&cli.StringSliceFlag{Name: "o", Usage: "FUSE mount options, comma-separated (allow_other, default_permissions, ...)"},
-		&cli.DurationFlag{Name: "kernel-cache", Usage: "kernel entry/attr cache time", DefaultText: "1h"},
-		&cli.BoolFlag{Name: "fuse-debug", Usage: "log every FUSE request"},
-		&cli.BoolFlag{Name: "unsafe-no-conditional-writes", Usage: "lock and publish even if the store ignores If-None-Match/If-Match"},
-		&cli.StringFlag{Name: "restore", Value: "lazy", Usage: "lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"},
-		&cli.StringFlag{Name: "serve", Value: mount.DefaultServe, Usage: "native: bind-mount the working tree (root, Linux 6.14+), the disk's own speed; fuse: serve it through FUSE; auto: native where it can run"},
-		&cli.IntFlag{Name: "prefetch", Value: 4, Usage: "background fetches at once after a lazy restore (0: fetch only on use)"},
-		&cli.DurationFlag{Name: "fetch-timeout", Value: revision.DefaultFetchTimeout, Usage: "the longest a reader of a lazily restored file waits for its bytes, retries and all, before it gets EIO"},
-		&cli.StringSliceFlag{Name: "mount", Usage: "live mount /PREFIX=file:///host/dir[,ro] or /PREFIX=s3://bucket/prefix[,ro] beside the workspace (repeatable)"},
-		&cli.StringFlag{Name: "cache-size", Value: "10GiB", Usage: "bound of the S3 live mounts' local data cache (bytes, or with KiB, MiB, GiB, TiB)"},
-		&cli.DurationFlag{Name: "metadata-ttl", Value: mount.DefaultMetadataTTL, Usage: "how long S3 live mounts trust listings and metadata before asking the bucket again"},
-		&cli.DurationFlag{Name: "tool-timeout", Value: mount.DefaultToolTimeout, Usage: "longest a file-tool call may run (grep is stopped mid-file)"},
-		&cli.StringFlag{Name: "sandbox-path", Usage: "where the sandbox sees the mount, if not at MOUNTPOINT (a container that bind-mounts it at /workspace): file tools take and give paths under it"},
-		&cli.StringFlag{Name: "sandbox-user", Usage: "the sandbox's user (name, UID or UID:GID): files and directories the file tools make are theirs (by default a new one takes its parent directory's owner; a rewrite always keeps the file's own)"},
-		&cli.BoolFlag{Name: "strict-entries", Usage: "fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"},
-	}, append(limitFlags(), s3Flags()...)...)
+	def := mount.DefaultConfig()
+	return flagsOf(&def)
 }
 
-// limitFlags bound what a revision may hold, on save and on load; the
-// defaults are AML's, whose readers need the same limits to load a
-// revision over them.
-func limitFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.IntFlag{Name: "max-entries", Value: format.DefaultLimits.Entries, Usage: "most entries (files, directories, symlinks) a revision may hold; the manifest bound of 4MiB grows in proportion above the default"},
-		&cli.StringFlag{Name: "max-bytes", Value: "1GiB", Usage: "most bytes of files a revision may hold (bytes, or with KiB, MiB, GiB, TiB)"},
-		&cli.StringFlag{Name: "max-archive-bytes", Value: "256MiB", Usage: "largest compressed archive revision (bytes, or with KiB, MiB, GiB, TiB)"},
+// storeFlags are the settings of a command that reads a store: where it
+// is, which workspace (required), and the limits its revisions keep to.
+func storeFlags() []cli.Flag {
+	return omit(storeWriterFlags(), writerKeys...)
+}
+
+// writerKeys are the store settings only a writer takes.
+var writerKeys = []string{"no-lock", "unsafe-no-conditional-writes"}
+
+// storeWriterFlags are storeFlags and those of a command that publishes.
+func storeWriterFlags() []cli.Flag {
+	def := mount.DefaultConfig()
+	v := struct {
+		mount.StoreConfig
+		mount.LimitConfig
+	}{def.StoreConfig, def.LimitConfig}
+	return require(flagsOf(&v), "id")
+}
+
+// storeFrom reads storeFlags, validated.
+func storeFrom(c *cli.Context) (mount.StoreConfig, mount.LimitConfig, error) {
+	def := mount.DefaultConfig()
+	v := struct {
+		mount.StoreConfig
+		mount.LimitConfig
+	}{def.StoreConfig, def.LimitConfig}
+	fillSet(c, &v)
+	v.IDGiven = c.IsSet("id")
+	if err := v.StoreConfig.Validate(); err != nil {
+		return v.StoreConfig, v.LimitConfig, err
 	}
+	return v.StoreConfig, v.LimitConfig, v.LimitConfig.Validate()
 }
 
-// limitsOf reads the limit flags.
-func limitsOf(c *cli.Context) (format.Limits, error) {
-	return mount.ParseLimits(c.Int("max-entries"), c.String("max-bytes"), c.String("max-archive-bytes"))
-}
-
-func s3Flags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "s3-endpoint", Usage: "S3 endpoint URL (the AWS config chain and AWS_ENDPOINT_URL also apply)"},
-		&cli.BoolFlag{Name: "s3-path-style", Usage: "address buckets by path (http://host/bucket), as most S3-compatible servers want"},
-		&cli.DurationFlag{Name: "s3-timeout", Value: s3client.DefaultIOTimeout, Usage: "abort and retry an S3 request whose connection has been silent this long"},
-	}
-}
-
-func s3Options(c *cli.Context) mount.S3Options {
-	return mount.S3Options{Endpoint: c.String("s3-endpoint"), PathStyle: c.Bool("s3-path-style"), IOTimeout: c.Duration("s3-timeout")}
-}
-
+// configFrom reads mountFlags.
 func configFrom(c *cli.Context, mountpoint string) mount.Config {
-	var fo []string
-	for _, o := range c.StringSlice("o") {
-		fo = append(fo, strings.Split(o, ",")...)
-	}
-	return mount.Config{
-		Mountpoint: mountpoint, Store: c.String("store"), ID: c.String("id"), IDGiven: c.IsSet("id"), Load: c.String("load"), From: c.String("from"),
-		Format: c.String("format"), Save: c.String("save"), Retention: c.Int("retention"),
-		Include: c.StringSlice("include"), Exclude: c.StringSlice("exclude"),
-		NoGitignore: c.Bool("no-gitignore"), NoLock: c.Bool("no-lock"), DiscardUnsaved: c.Bool("discard-unsaved"), AllowUserOwnedParents: c.Bool("allow-user-owned-parents"), MetricsAddr: c.String("metrics-addr"), CacheDir: c.String("cache-dir"),
-		FuseOptions: fo, Timeout: c.Duration("kernel-cache"), Debug: c.Bool("fuse-debug"),
-		S3: s3Options(c), UnsafeNoConditionalWrites: c.Bool("unsafe-no-conditional-writes"),
-		Restore: c.String("restore"), Serve: c.String("serve"), Keeper: executable(), Prefetch: c.Int("prefetch"), FetchTimeout: c.Duration("fetch-timeout"), Mounts: c.StringSlice("mount"),
-		CacheSizeText: c.String("cache-size"), MetadataTTL: c.Duration("metadata-ttl"),
-		StrictEntries: c.Bool("strict-entries"), MaxEntries: c.Int("max-entries"), SandboxPath: c.String("sandbox-path"), SandboxUser: c.String("sandbox-user"), ToolTimeout: c.Duration("tool-timeout"),
-		MaxBytesText: c.String("max-bytes"), MaxArchiveBytesText: c.String("max-archive-bytes"),
-	}
+	cfg := mount.Config{Mountpoint: mountpoint}
+	fill(c, &cfg)
+	cfg.IDGiven = c.IsSet("id")
+	cfg.Keeper = executable()
+	return cfg
 }
 
 const readyFdEnv = "AMLFS_READY_FD"

@@ -22,12 +22,9 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func storeFlags() []cli.Flag {
-	return append([]cli.Flag{
-		&cli.StringFlag{Name: "store", Usage: "durable store: file:///dir or s3://bucket/prefix", DefaultText: "file://$XDG_DATA_HOME/amlfs/workspaces"},
-		&cli.StringFlag{Name: "id", Usage: "workspace identity", Required: true},
-		&cli.BoolFlag{Name: "json"},
-	}, append(limitFlags(), s3Flags()...)...)
+// revisionFlags are storeFlags and --json.
+func revisionFlags() []cli.Flag {
+	return append(storeFlags(), &cli.BoolFlag{Name: "json"})
 }
 
 // openWorkspace opens the workspace named by --store and --id. Readers
@@ -38,25 +35,23 @@ func openWorkspace(c *cli.Context, lock bool, opts revision.Options) (*revision.
 }
 
 func openWorkspaceFor(c *cli.Context, lock, publish bool, opts revision.Options) (*revision.Workspace, error) {
-	storeURL := c.String("store")
-	if storeURL == "" {
-		storeURL = mount.DefaultStore()
+	sc, lc, err := storeFrom(c)
+	if err != nil {
+		return nil, err
 	}
-	st, err := mount.OpenStore(c.Context, storeURL, s3Options(c), c.String("id"))
+	st, err := mount.OpenStore(c.Context, sc.Store, sc.S3, sc.ID)
 	if err != nil {
 		return nil, err
 	}
 	if lock || publish {
 		notify := func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, "amlfs: "+format+"\n", args...) }
-		if err := mount.CheckConditionalWrites(c.Context, st, c.Bool("unsafe-no-conditional-writes"), notify); err != nil {
+		if err := mount.CheckConditionalWrites(c.Context, st, sc.UnsafeNoConditionalWrites, notify); err != nil {
 			return nil, err
 		}
 	}
-	opts.ID = c.String("id")
+	opts.ID = sc.ID
 	opts.NoLock = !lock
-	if opts.Limits, err = limitsOf(c); err != nil {
-		return nil, err
-	}
+	opts.Limits = lc.Limits
 	ws, err := revision.Open(c.Context, st, opts)
 	if err != nil {
 		return nil, err
@@ -102,7 +97,7 @@ func revisionsCommand() *cli.Command {
 			{
 				Name:  "list",
 				Usage: "list revisions, newest first, with entry counts and bytes from the store",
-				Flags: storeFlags(),
+				Flags: revisionFlags(),
 				Action: func(c *cli.Context) error {
 					ws, err := openWorkspace(c, false, revision.Options{})
 					if err != nil {
@@ -134,7 +129,7 @@ func revisionsCommand() *cli.Command {
 				Name:      "show",
 				Usage:     "list a revision's entries",
 				ArgsUsage: "REVISION",
-				Flags:     storeFlags(),
+				Flags:     revisionFlags(),
 				Action: func(c *cli.Context) error {
 					rev, err := oneArg(c, "REVISION")
 					if err != nil {
@@ -184,7 +179,7 @@ func revisionsCommand() *cli.Command {
 				Name:      "diff",
 				Usage:     "the paths added, removed and changed from revision A to revision B, with sizes (A or B may be \"current\")",
 				ArgsUsage: "A B",
-				Flags:     storeFlags(),
+				Flags:     revisionFlags(),
 				Action: func(c *cli.Context) error {
 					if c.NArg() != 2 {
 						return amlerr.New(amlerr.InvalidConfig, "", "diff takes two revisions, A and B")
@@ -222,12 +217,11 @@ func revisionsCommand() *cli.Command {
 				Name:      "restore",
 				Usage:     "publish an older revision's content as a new current revision; prints its id",
 				ArgsUsage: "REVISION",
-				Flags: append(storeFlags(),
-					&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
-					&cli.StringFlag{Name: "format", Value: "folder"},
-					&cli.BoolFlag{Name: "no-lock"},
-					&cli.BoolFlag{Name: "unsafe-no-conditional-writes"},
-					&cli.StringFlag{Name: "cache-dir", DefaultText: "$XDG_CACHE_HOME/amlfs"},
+				Flags: append(revisionFlags(),
+					append(pick(storeWriterFlags(), writerKeys...),
+						&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
+						&cli.StringFlag{Name: "format", Value: "folder"},
+						&cli.StringFlag{Name: "cache-dir", DefaultText: "$XDG_CACHE_HOME/amlfs"})...,
 				),
 				Action: func(c *cli.Context) error {
 					rev, err := oneArg(c, "REVISION")
