@@ -339,7 +339,7 @@ func testBadStoreInput(t *testing.T, newEnv func(*testing.T) *env) {
 	}
 	const ts = "2026-12-02T18:00:00.000Z"
 	idxFor := func(id, kind string) string {
-		return fmt.Sprintf(`{"current":"%s","revisions":[{"createdAt":"%s","kind":"%s","id":"%s","path":"%s"}],"version":1}`, id, ts, kind, id, format.RevisionPath(id, kind))
+		return fmt.Sprintf(`{"current":"%s","revisions":[{"createdAt":"%s","format":"%s","id":"%s","path":"%s"}],"version":1}`, id, ts, kind, id, format.RevisionPath(id, kind))
 	}
 	cases := []struct {
 		name  string
