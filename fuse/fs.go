@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/fuse/loopback"
+	"github.com/amlfs/amlfs/fuse/posix"
 	"github.com/amlfs/amlfs/mount/mountpoint"
 )
 
@@ -360,9 +361,35 @@ func (f *FS) Freeze() (thaw func()) {
 	return f.barrier.Unlock
 }
 
-// Touch is a no-op: every change through the mount, a tool call's too,
-// is a FUSE request that Changes counts.
+// Touch is a no-op: every change through the mount is a FUSE request
+// that Changes counts, and a tool call made on the tree itself counts in
+// Hold.
 func (f *FS) Touch() {}
+
+// Hold holds a checkpoint back (Freeze) while the daemon changes the
+// working directory itself, not through the mount (a tool call), and
+// counts the change.
+func (f *FS) Hold() (release func()) {
+	f.barrier.RLock()
+	f.changes.Add(1)
+	return f.barrier.RUnlock
+}
+
+// Writing reports whether the working-tree file fd refers to is open for
+// writing through the mount: its latest bytes may be in the kernel's page
+// cache of the mount's inode still (a shared mapping's), not in the file.
+func (f *FS) Writing(fd int) bool { return f.root.Tree().Writing(fd) }
+
+// Changed drops what the kernel caches of the entry at rel (relative to
+// the root), which the daemon changed in the working directory itself:
+// its entry in its directory, and its attributes, pages and entries
+// beneath.
+func (f *FS) Changed(rel string) {
+	if rel == "." {
+		rel = ""
+	}
+	posix.Invalidate(f.root.EmbeddedInode(), rel)
+}
 
 // Mark is the count a save starts from: Changes, since FUSE sees every
 // change as it is made.

@@ -170,6 +170,12 @@ func (d *Daemon) serveControl() (*control, error) {
 	if o := d.cfg.sandboxOwner; o != nil {
 		tfs.SetOwner(o[0], o[1])
 	}
+	// Through FUSE, a call runs on the working tree itself where that
+	// gives what the mount would (natively the mount is the tree, with no
+	// daemon in the way).
+	if d.fuseFS != nil {
+		tfs.ServeDirect(treeDirect{d: d, fs: d.fuseFS})
+	}
 	d.tools = tfs
 	mux.HandleFunc("GET /v1/tools", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, tools.Tools)

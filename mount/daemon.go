@@ -37,6 +37,9 @@ type Daemon struct {
 	fs    server
 	// shown is the stat data the FUSE mount shows for restored files.
 	shown *shown.Shown
+	// fuseFS is the workspace's FUSE mount, when served through FUSE:
+	// tool calls run on the working tree beside it (treeDirect).
+	fuseFS *fuse.FS
 	// at is the mountpoint, resolved once (mountpoint.Open); tools serve
 	// tool calls beneath the mount's root, held from the mount on.
 	at    *mountpoint.Dir
@@ -310,10 +313,14 @@ func (d *Daemon) start(ctx context.Context) error {
 	if d.serve == ServeNative {
 		fsys, err = d.mountNative(ctx, live, wlog)
 	} else {
-		fsys, err = fuse.Mount(d.at, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
+		var f *fuse.FS
+		f, err = fuse.Mount(d.at, fuse.Options{ControlSocket: SocketPath(cfg.Mountpoint),
 			Dir: d.workDir, FsName: "amlfs:" + cfg.ID, MountOptions: cfg.fuseOptions,
 			Timeout: cfg.Timeout, Debug: cfg.Debug, Log: wlog, Content: d.ws.Placeholders(), Live: live, Ops: d.metrics, Shown: d.shown,
 		})
+		if err == nil {
+			fsys, d.fuseFS = f, f
+		}
 	}
 	if err != nil {
 		return err

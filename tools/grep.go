@@ -118,6 +118,7 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 			return nil, e
 		}
 	}
+	viaMount := false
 	werr := t.walk(ctx, r, 0, func(name string) bool { return name == ".git" }, func(sub string, dfd int, name string, st *unix.Stat_t) bool {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > MaxReadBytes {
 			return true
@@ -135,8 +136,16 @@ func (t *FS) Grep(ctx context.Context, a GrepArgs) (*GrepResult, error) {
 			unix.Close(fd) // swapped for a fifo or a device since the listing
 			return true
 		}
+		if t.call != nil && t.direct.Writing(fd) {
+			unix.Close(fd) // its bytes may be in the mount's page cache only
+			viaMount = true
+			return false
+		}
 		return search(t.show(path.Join(r, sub)), fd)
 	})
+	if viaMount {
+		return nil, errViaMount
+	}
 	if stopped || ctx.Err() != nil {
 		return nil, timedOut(ctx)
 	}

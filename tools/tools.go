@@ -120,8 +120,17 @@ type FS struct {
 	// owner, if set, owns what the tools make (SetOwner); otherwise a
 	// new file or directory takes its parent directory's owner.
 	owner *[2]int
-	// mu is held (read) through every call; Close takes it to wait for
-	// the calls under way.
+	// direct, if set, is the tree the mount serves, on which calls run
+	// when it serves their paths as the mount would (ServeDirect).
+	direct Direct
+	// call is set on the copy of FS that runs one call on the tree.
+	call *treeCall
+	life *lifecycle
+}
+
+// lifecycle is what every call of an FS shares: mu is held (read) through
+// every call; Close takes it to wait for the calls under way.
+type lifecycle struct {
 	mu     sync.RWMutex
 	closed bool // GUARDED_BY(mu)
 }
@@ -132,7 +141,7 @@ func New(root, sandbox string) *FS {
 	if sandbox == "" {
 		sandbox = root
 	}
-	return &FS{root: root, prefix: path.Clean("/" + sandbox)}
+	return &FS{root: root, prefix: path.Clean("/" + sandbox), life: &lifecycle{}}
 }
 
 // NewOn serves the tree beneath the root openRoot opens for each call (a
@@ -141,7 +150,7 @@ func New(root, sandbox string) *FS {
 // parent of the mountpoint cannot turn a call onto another tree. The
 // sandbox sees the tree at sandbox.
 func NewOn(openRoot func() (*os.File, error), sandbox string) *FS {
-	return &FS{openRoot: openRoot, prefix: path.Clean("/" + sandbox)}
+	return &FS{openRoot: openRoot, prefix: path.Clean("/" + sandbox), life: &lifecycle{}}
 }
 
 // SetOwner makes uid and gid (the sandbox's user) own every file and
@@ -170,9 +179,9 @@ func (t *FS) ownerFor(dfd int) (int, int, bool) {
 // Close waits for the calls under way (their descriptors would hold the
 // mount busy); later calls fail with ESHUTDOWN.
 func (t *FS) Close() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.closed = true
+	t.life.mu.Lock()
+	defer t.life.mu.Unlock()
+	t.life.closed = true
 }
 
 // rel turns a tool path into a path relative to the root ("." for the
@@ -214,8 +223,11 @@ func (t *FS) show(r string) string {
 
 // open resolves r beneath the root with openat2.
 func (t *FS) open(r string, flags int, mode uint32) (int, *Error) {
-	if t.closed {
+	if t.life.closed {
 		return -1, &Error{Code: "ESHUTDOWN", Message: "the daemon is stopping", Path: t.show(r)}
+	}
+	if t.call != nil {
+		return t.call.open(r, flags, mode)
 	}
 	var rootFD int
 	if t.openRoot != nil {
@@ -287,6 +299,9 @@ func (t *FS) parent(r string) (int, string, *Error) {
 	if dir == "" {
 		dir = "."
 	}
+	if t.call != nil && !t.call.entry(path.Clean(dir), name) {
+		return -1, "", errViaMount
+	}
 	fd, e := t.open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
 	return fd, name, e
 }
@@ -348,10 +363,22 @@ func Mutates(name string) bool {
 	return false
 }
 
-// Call runs tool name with its JSON arguments.
+// Call runs tool name with its JSON arguments: on the tree itself when a
+// Direct tree serves every path the call resolves as the mount would,
+// else through the mount.
 func (t *FS) Call(ctx context.Context, name string, args json.RawMessage) (any, error) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.life.mu.RLock()
+	defer t.life.mu.RUnlock()
+	if t.direct != nil {
+		if out, err, done := t.onTree(ctx, name, args); done {
+			return out, err
+		}
+	}
+	return t.dispatch(ctx, name, args)
+}
+
+// dispatch runs tool name on t's tree.
+func (t *FS) dispatch(ctx context.Context, name string, args json.RawMessage) (any, error) {
 	switch name {
 	case "read_file":
 		return run(args, t.ReadFile)

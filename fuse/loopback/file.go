@@ -22,11 +22,32 @@ import (
 type File struct {
 	*gofs.LoopbackFile
 	fd int
+	// writer is the backing inode this handle may write, counted in its
+	// writers until Release (nil for a read-only handle).
+	writer *backing
 }
 
-func newFile(fd int) *File {
+// newFile wraps the backing file fd, open with flags, of the inode b.
+func newFile(fd int, b *backing, flags uint32) *File {
 	lf := gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile)
-	return &File{LoopbackFile: lf, fd: fd}
+	f := &File{LoopbackFile: lf, fd: fd}
+	if flags&writeFlags != 0 || flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		f.writer = b
+		b.writers.Add(1)
+	}
+	return f
+}
+
+var _ = (gofs.FileReleaser)((*File)(nil))
+
+// Release closes the backing file and stops counting it as a writer.
+func (f *File) Release(ctx context.Context) syscall.Errno {
+	errno := f.LoopbackFile.Release(ctx)
+	if f.writer != nil {
+		f.writer.writers.Add(-1)
+		f.writer = nil
+	}
+	return errno
 }
 
 var _ = (gofs.FileIoctler)((*File)(nil))

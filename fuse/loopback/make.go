@@ -45,7 +45,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		unix.Close(hfd)
 		return nil, nil, 0, errno
 	}
-	return ch, newFile(hfd), 0, 0
+	return ch, newFile(hfd, ch.Operations().(loopbacker).Loopback().r.Load().b, flags), 0, 0
 }
 
 // openExisting opens the existing regular file name for a CREATE without
@@ -293,8 +293,9 @@ func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 		unix.Close(hfd)
 		return nil, nil, 0, errno
 	}
-	ch.Operations().(loopbacker).Loopback().r.Load().b.tmp.Store(true)
-	return ch, newFile(hfd), 0, 0
+	b := ch.Operations().(loopbacker).Loopback().r.Load().b
+	b.tmp.Store(true)
+	return ch, newFile(hfd, b, flags), 0, 0
 }
 
 var _ = (gofs.NodeOpendirHandler)((*Node)(nil))

@@ -329,7 +329,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 	}
-	return newFile(hfd), 0, 0
+	return newFile(hfd, n.r.Load().b, flags), 0, 0
 }
 
 var _ = (gofs.NodeCreater)((*Node)(nil))

@@ -95,6 +95,10 @@ type backing struct {
 	gen  uint64      // birth time in ns (1 if the filesystem has none)
 	refs int         // GUARDED_BY(Root.mu): nodes holding it
 	tmp  atomic.Bool // made by O_TMPFILE: unlinked by design
+	// writers counts the handles open through the mount that may write
+	// it (a shared mapping's pages reach the file only when written
+	// back).
+	writers atomic.Int32
 	// closed: GUARDED_BY(Root.mu)
 	closed bool
 }
@@ -385,3 +389,18 @@ func statAt(dirfd int, name string, st *unix.Statx_t) error {
 // that have no form taking one (chmod, truncate, xattrs, reopening). The
 // kernel resolves it to that very inode, never by a name in the tree.
 func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
+
+// Writing reports whether the backing inode fd refers to (any descriptor
+// of a file in the tree) is open for writing through the mount: its
+// latest bytes may still be in the kernel's page cache of the mount's
+// inode, not in the file.
+func (r *Root) Writing(fd int) bool {
+	var st unix.Statx_t
+	if statFd(fd, &st) != nil {
+		return true
+	}
+	r.mu.Lock()
+	b := r.inodes[inodeKey{devOf(&st), st.Ino}]
+	r.mu.Unlock()
+	return b != nil && b.writers.Load() > 0
+}
