@@ -37,8 +37,9 @@ const (
 // `usage` tag: that one name is the flag (--KEY), the environment
 // variable (AMLFS_KEY: capitals, _ for -) and the key of a YAML config
 // file, all generated from it (cmd/amlfs). A field's value in
-// DefaultConfig is its default. Normalize fills what is unset with those
-// defaults and validates each concern.
+// DefaultConfig is its default. Normalize fills what is unset (zero) with
+// those defaults, but where zero is a value of its own (zero:"valid"),
+// and validates each concern.
 type Config struct {
 	Mountpoint string
 	StoreConfig
@@ -84,7 +85,7 @@ type RevisionConfig struct {
 	StrictEntries  bool     `key:"strict-entries" usage:"fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"`
 	// Restore is "lazy" (placeholders fetched on first use) or "full".
 	Restore      string        `key:"restore" usage:"lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"`
-	Prefetch     int           `key:"prefetch" usage:"background fetches at once after a lazy restore (0: fetch only on use)"`
+	Prefetch     int           `key:"prefetch" zero:"valid" usage:"background fetches at once after a lazy restore (0: fetch only on use)"`
 	FetchTimeout time.Duration `key:"fetch-timeout" usage:"the longest a reader of a lazily restored file waits for its bytes, retries and all, before it gets EIO"`
 }
 
@@ -229,7 +230,8 @@ func (c *Config) Normalize() error {
 	return c.Selection().Validate()
 }
 
-// fillZero sets every zero field of the user's keys in c to def's value.
+// fillZero sets every zero field of the user's keys in c to def's value,
+// but for a field whose zero means something (tagged zero:"valid").
 func fillZero(c *Config, def Config) {
 	cv, dv := reflect.ValueOf(c).Elem(), reflect.ValueOf(def)
 	var walk func(cv, dv reflect.Value)
@@ -239,7 +241,7 @@ func fillZero(c *Config, def Config) {
 			switch {
 			case f.Anonymous:
 				walk(cv.Field(i), dv.Field(i))
-			case f.Tag.Get("key") != "" && cv.Field(i).IsZero():
+			case f.Tag.Get("key") != "" && f.Tag.Get("zero") != "valid" && cv.Field(i).IsZero():
 				cv.Field(i).Set(dv.Field(i))
 			}
 		}

@@ -133,3 +133,16 @@ func TestParseUser(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroKept: a setting whose zero means something keeps it (--prefetch
+// 0 fetches only on use); others take their default.
+func TestZeroKept(t *testing.T) {
+	c := Config{Mountpoint: "/mnt/x"}
+	if err := c.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	def := DefaultConfig()
+	if c.Prefetch != 0 || c.Retention != def.Retention || c.ToolTimeout != def.ToolTimeout || c.Load != "current" {
+		t.Errorf("normalized: prefetch %d, retention %d, tool timeout %v, load %q", c.Prefetch, c.Retention, c.ToolTimeout, c.Load)
+	}
+}
