@@ -1,0 +1,492 @@
+package format
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// A composable archive is AML's archive format (a gzip-compressed tar
+// rooted at ".") written as a sequence of gzip members: each holds whole
+// tar entries (one large file, or a run of small ones), so that a member
+// can be copied from one archive into the next by its byte range, without
+// being decompressed. After the members come the tar's end-of-archive, in
+// a member of its own, and empty members whose headers' extra fields
+// hold amlfs's index (ArchiveIndex): where each entry's member lies, and
+// what a tar entry cannot say for AML (symlinks, which AML's reader
+// refuses, nanosecond mtimes and the saved stat data). The index is
+// deflated and cut into extra fields of up to 64 KiB (a header comment
+// would be one string, but Go's gzip reader refuses one over 511 bytes);
+// the last member, of a fixed size, says where those members start. Any
+// gzip and tar reader, AML's node-tar included, reads the whole as one
+// archive and skips the extra fields.
+
+// MemberTarget is the uncompressed size a member of small files grows to
+// before the next file starts a new one; a file at least this large has a
+// member of its own.
+const MemberTarget = 256 << 10
+
+// The index's extra subfields: "ai" holds a piece of the deflated index,
+// and "ae", in the last member, the offset and length of the members
+// holding the pieces (8 bytes each, little-endian).
+const (
+	indexPiece = "ai"
+	indexEnd   = "ae"
+	// pieceMax is the most index bytes one extra field holds (XLEN is 16
+	// bits, and a subfield takes 4 of them).
+	pieceMax = 65535 - 4
+	// gzipTail is what ends an empty member as Go's gzip writer makes it:
+	// an empty final stored block, CRC-32 and size 0.
+	gzipTail = "\x01\x00\x00\xff\xff\x00\x00\x00\x00\x00\x00\x00\x00"
+	// TailBytes is the size of the last member, which finds the index:
+	// the gzip header (10), XLEN (2), the subfield (4 + 16), the tail.
+	TailBytes = 10 + 2 + 4 + 16 + len(gzipTail)
+	// MaxArchiveIndexBytes bounds the deflated index.
+	MaxArchiveIndexBytes = 64 << 20
+)
+
+// ArchiveIndex is what a composable archive says of itself.
+type ArchiveIndex struct {
+	Version int `json:"version"`
+	// Entries are the tar's entries in archive order, with where each
+	// lies.
+	Entries []ArchiveEntry `json:"entries"`
+	// Symlinks are kept here only: AML's reader refuses symlink entries.
+	Symlinks []TreeEntry  `json:"symlinks,omitempty"`
+	Fork     *ForkOrigin  `json:"fork,omitempty"`
+	// End is where the member holding the tar's end-of-archive starts,
+	// and EndLen its length.
+	End    int64 `json:"end"`
+	EndLen int64 `json:"endLen"`
+}
+
+// ArchiveEntry is a directory or file of a composable archive.
+type ArchiveEntry struct {
+	TreeEntry
+	// Member and MemberLen are the byte range of the gzip member holding
+	// the entry; Data is where the entry's bytes start in that member's
+	// decompressed tar stream (after its header).
+	Member    int64 `json:"member"`
+	MemberLen int64 `json:"memberLen"`
+	Data      int64 `json:"data"`
+}
+
+// Tree is the archive's tree, symlinks included, in manifest order.
+func (x *ArchiveIndex) Tree() []TreeEntry {
+	out := make([]TreeEntry, 0, len(x.Entries)+len(x.Symlinks))
+	for _, e := range x.Entries {
+		out = append(out, e.TreeEntry)
+	}
+	out = append(out, x.Symlinks...)
+	SortEntries(out)
+	return out
+}
+
+// ComposeWriter writes a composable archive.
+type ComposeWriter struct {
+	w       *countingWriter
+	lim     Limits
+	tw      *tar.Writer
+	sink    memberSink
+	gz      *gzip.Writer // the open member, if any
+	open    []int        // indexes in idx.Entries of the open member's entries
+	start   int64        // the open member's offset
+	idx     ArchiveIndex
+	now     time.Time
+	entries int
+	bytes   int64
+}
+
+// memberSink passes the tar stream to the open member and counts its
+// uncompressed bytes.
+type memberSink struct {
+	w io.Writer
+	n int64
+}
+
+func (s *memberSink) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	s.n += int64(n)
+	return n, err
+}
+
+// NewComposeWriter starts a composable archive on w with its root entry.
+func NewComposeWriter(w io.Writer, lim Limits) (*ComposeWriter, error) {
+	lim = lim.OrDefault()
+	c := &ComposeWriter{w: &countingWriter{w: w, limit: lim.ArchiveBytes}, lim: lim, now: time.Now(), idx: ArchiveIndex{Version: 1}}
+	c.tw = tar.NewWriter(&c.sink)
+	if err := c.begin(); err != nil {
+		return nil, err
+	}
+	err := c.tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: c.now, Format: tar.FormatPAX})
+	return c, err
+}
+
+// begin opens a member.
+func (c *ComposeWriter) begin() error {
+	c.start = c.w.n
+	gz, err := gzip.NewWriterLevel(c.w, gzip.DefaultCompression)
+	if err != nil {
+		return err
+	}
+	c.gz, c.sink = gz, memberSink{w: gz}
+	return nil
+}
+
+// end closes the open member and records its range in its entries.
+func (c *ComposeWriter) end() error {
+	if c.gz == nil {
+		return nil
+	}
+	if err := c.tw.Flush(); err != nil {
+		return err
+	}
+	if err := c.gz.Close(); err != nil {
+		return err
+	}
+	for _, i := range c.open {
+		c.idx.Entries[i].Member, c.idx.Entries[i].MemberLen = c.start, c.w.n-c.start
+	}
+	c.gz, c.open = nil, nil
+	return nil
+}
+
+func (c *ComposeWriter) header(e TreeEntry) *tar.Header {
+	mtime := c.now
+	if e.Mtime != 0 {
+		mtime = e.Mtime.Time()
+	}
+	return &tar.Header{Name: "./" + e.Path, Mode: int64(e.Mode), ModTime: mtime, Format: tar.FormatPAX}
+}
+
+func (c *ComposeWriter) count(e TreeEntry) error {
+	c.entries++
+	c.bytes += e.Size
+	return c.lim.Check("archive", c.entries, c.bytes)
+}
+
+// add writes one tar entry into a member, starting a new one first if the
+// open one is full or the entry is large.
+func (c *ComposeWriter) add(e TreeEntry, hdr *tar.Header, r io.Reader) error {
+	if err := c.count(e); err != nil {
+		return err
+	}
+	if c.gz != nil && (c.sink.n >= MemberTarget || e.Size >= MemberTarget && len(c.open) > 0) {
+		if err := c.end(); err != nil {
+			return err
+		}
+	}
+	if c.gz == nil {
+		if err := c.begin(); err != nil {
+			return err
+		}
+	}
+	if err := c.tw.Flush(); err != nil { // the previous entry's padding
+		return err
+	}
+	if err := c.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	c.idx.Entries = append(c.idx.Entries, ArchiveEntry{TreeEntry: e, Data: c.sink.n})
+	c.open = append(c.open, len(c.idx.Entries)-1)
+	if r != nil {
+		n, err := io.Copy(c.tw, io.LimitReader(r, e.Size))
+		if err == nil && n != e.Size {
+			err = fmt.Errorf("%s: %d of %d bytes", e.Path, n, e.Size)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if e.Size >= MemberTarget {
+		return c.end()
+	}
+	return nil
+}
+
+// Dir adds the directory e.
+func (c *ComposeWriter) Dir(e TreeEntry) error {
+	hdr := c.header(e)
+	hdr.Name += "/"
+	hdr.Typeflag = tar.TypeDir
+	e.Type, e.Size = TypeDir, 0
+	return c.add(e, hdr, nil)
+}
+
+// File adds the regular file e, whose e.Size bytes r gives.
+func (c *ComposeWriter) File(e TreeEntry, r io.Reader) error {
+	hdr := c.header(e)
+	hdr.Typeflag = tar.TypeReg
+	hdr.Size = e.Size
+	e.Type = TypeFile
+	return c.add(e, hdr, r)
+}
+
+// Symlink adds the symlink e, to the index only.
+func (c *ComposeWriter) Symlink(e TreeEntry) error {
+	if err := c.count(e); err != nil {
+		return err
+	}
+	e.Type = TypeSymlink
+	c.idx.Symlinks = append(c.idx.Symlinks, e)
+	return nil
+}
+
+// SetFork records the fork a first revision was made from.
+func (c *ComposeWriter) SetFork(f *ForkOrigin) { c.idx.Fork = f }
+
+// Close ends the archive: the tar's end-of-archive in a member of its
+// own, then the index member. It returns the archive's size and index.
+func (c *ComposeWriter) Close() (int64, *ArchiveIndex, error) {
+	if err := c.end(); err != nil {
+		return c.w.n, nil, err
+	}
+	if err := c.begin(); err != nil {
+		return c.w.n, nil, err
+	}
+	c.idx.End = c.start
+	if err := c.tw.Close(); err != nil {
+		return c.w.n, nil, err
+	}
+	if err := c.gz.Close(); err != nil {
+		return c.w.n, nil, err
+	}
+	c.idx.EndLen = c.w.n - c.start
+	c.gz = nil
+	if err := WriteIndexMember(c.w, &c.idx, c.w.n); err != nil {
+		return c.w.n, nil, err
+	}
+	return c.w.n, &c.idx, nil
+}
+
+// WriteIndexMember writes the index x as the archive's last members, the
+// first of which starts at offset at.
+func WriteIndexMember(w io.Writer, x *ArchiveIndex, at int64) error {
+	data, err := json.Marshal(x)
+	if err != nil {
+		return err
+	}
+	var z bytes.Buffer
+	fw, _ := flate.NewWriter(&z, flate.BestCompression)
+	fw.Write(data)
+	if err := fw.Close(); err != nil {
+		return err
+	}
+	if z.Len() > MaxArchiveIndexBytes {
+		return amlerr.New(amlerr.LimitExceeded, "archive index", "the index is %d bytes deflated, over %d", z.Len(), MaxArchiveIndexBytes)
+	}
+	cw := &countingWriter{w: w, limit: 1<<63 - 1}
+	for rest := z.Bytes(); len(rest) > 0; {
+		n := min(len(rest), pieceMax)
+		if err := emptyMember(cw, indexPiece, rest[:n]); err != nil {
+			return err
+		}
+		rest = rest[n:]
+	}
+	var loc [16]byte
+	binary.LittleEndian.PutUint64(loc[:8], uint64(at))
+	binary.LittleEndian.PutUint64(loc[8:], uint64(cw.n))
+	return emptyMember(w, indexEnd, loc[:])
+}
+
+// emptyMember writes a gzip member with no data whose extra field is one
+// subfield id holding data.
+func emptyMember(w io.Writer, id string, data []byte) error {
+	gz := gzip.NewWriter(w) // with no input: gzipTail
+	extra := make([]byte, 4, 4+len(data))
+	copy(extra, id)
+	binary.LittleEndian.PutUint16(extra[2:], uint16(len(data)))
+	gz.Extra = append(extra, data...)
+	return gz.Close()
+}
+
+// subfield returns the data of subfield id in a gzip extra field.
+func subfield(extra []byte, id string) ([]byte, bool) {
+	for len(extra) >= 4 {
+		n := int(binary.LittleEndian.Uint16(extra[2:]))
+		if 4+n > len(extra) {
+			return nil, false
+		}
+		if string(extra[:2]) == id {
+			return extra[4 : 4+n], true
+		}
+		extra = extra[4+n:]
+	}
+	return nil, false
+}
+
+// IndexRange finds the index's members from tail, the archive's last
+// TailBytes (or more) bytes, given the archive's size: it returns their
+// byte range.
+func IndexRange(tail []byte, size int64) (off, n int64, err error) {
+	bad := func(why string) error { return amlerr.New(amlerr.InvalidStore, "archive", "no amlfs index at its end: %s", why) }
+	if len(tail) < TailBytes || int64(len(tail)) > size {
+		return 0, 0, bad("too short")
+	}
+	last := tail[len(tail)-TailBytes:]
+	zr, err := gzip.NewReader(bytes.NewReader(last))
+	if err != nil {
+		return 0, 0, bad("the last member is not gzip")
+	}
+	zr.Multistream(false)
+	if k, err := io.Copy(io.Discard, zr); err != nil || k != 0 {
+		return 0, 0, bad("the last member is not empty")
+	}
+	loc, ok := subfield(zr.Extra, indexEnd)
+	if !ok || len(loc) != 16 {
+		return 0, 0, bad("no index location")
+	}
+	off, n = int64(binary.LittleEndian.Uint64(loc[:8])), int64(binary.LittleEndian.Uint64(loc[8:]))
+	if off < 0 || n <= 0 || n > MaxArchiveIndexBytes*2 || off+n != size-int64(TailBytes) {
+		return 0, 0, bad("an index range that does not end at the last member")
+	}
+	return off, n, nil
+}
+
+// ParseIndexMember reads the index from its members' bytes (IndexRange),
+// and checks it against the archive's size and the limits.
+func ParseIndexMember(members []byte, size int64, lim Limits) (*ArchiveIndex, error) {
+	lim = lim.OrDefault()
+	bad := func(format string, args ...any) error {
+		return amlerr.New(amlerr.InvalidStore, "archive index", format, args...)
+	}
+	var z []byte
+	br := bytes.NewReader(members)
+	for br.Len() > 0 {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, bad("an index member is not gzip: %v", err)
+		}
+		zr.Multistream(false)
+		if n, err := io.Copy(io.Discard, zr); err != nil || n != 0 {
+			return nil, bad("an index member is not empty")
+		}
+		piece, ok := subfield(zr.Extra, indexPiece)
+		if !ok {
+			return nil, bad("an index member holds no piece of it")
+		}
+		if z = append(z, piece...); len(z) > MaxArchiveIndexBytes {
+			return nil, bad("the index is over %d bytes", MaxArchiveIndexBytes)
+		}
+	}
+	// An entry takes well under 1 KiB of JSON: bound the inflated index
+	// by the entry limit.
+	max := int64(lim.Entries+1)*1024 + 1<<20
+	data, err := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(z)), max+1))
+	if err != nil {
+		return nil, bad("the index does not inflate: %v", err)
+	}
+	if int64(len(data)) > max {
+		return nil, amlerr.New(amlerr.LimitExceeded, "archive index", "the index inflates past %d bytes", max)
+	}
+	var x ArchiveIndex
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&x); err != nil {
+		return nil, bad("the index is not valid JSON: %v", err)
+	}
+	if x.Version != 1 {
+		return nil, bad("index version %d", x.Version)
+	}
+	if err := x.check(size-int64(len(members))-int64(TailBytes), lim); err != nil {
+		return nil, err
+	}
+	return &x, nil
+}
+
+// check validates the index of an archive whose index member starts at
+// indexAt: every range lies before the end-of-archive member, in order
+// and without overlap; the entries are a valid tree within the limits.
+func (x *ArchiveIndex) check(indexAt int64, lim Limits) error {
+	bad := func(format string, args ...any) error {
+		return amlerr.New(amlerr.InvalidStore, "archive index", format, args...)
+	}
+	if x.End < 0 || x.EndLen <= 0 || x.End+x.EndLen != indexAt {
+		return bad("the end-of-archive member [%d, +%d) does not end where the index starts (%d)", x.End, x.EndLen, indexAt)
+	}
+	var next int64 // where the next member may start
+	for i, e := range x.Entries {
+		switch {
+		case e.Type != TypeFile && e.Type != TypeDir:
+			return bad("entry %q has type %q", e.Path, e.Type)
+		case e.Size < 0 || e.Type == TypeDir && e.Size != 0:
+			return bad("entry %q has size %d", e.Path, e.Size)
+		case e.Member < 0 || e.MemberLen <= 0 || e.Member+e.MemberLen > x.End || e.Data < 0:
+			return bad("entry %q lies outside the archive's members", e.Path)
+		}
+		if i > 0 && e.Member == x.Entries[i-1].Member {
+			if e.MemberLen != x.Entries[i-1].MemberLen || e.Data <= x.Entries[i-1].Data {
+				return bad("entry %q disagrees with the one before it on its member", e.Path)
+			}
+			continue
+		}
+		if e.Member < next {
+			return bad("entry %q's member overlaps the one before it", e.Path)
+		}
+		next = e.Member + e.MemberLen
+	}
+	for _, s := range x.Symlinks {
+		if s.Type != TypeSymlink || s.Target == "" || len(s.Target) > MaxSymlinkTarget {
+			return bad("symlink %q is not one", s.Path)
+		}
+	}
+	return ValidateEntries("archive index", x.Tree(), lim)
+}
+
+// OpenEntry reads the bytes of the file e of an archive from ra: it
+// decompresses e's member from its start and checks, at the offset the
+// index gives, the tar header for e's path and size, so that an index
+// that lies gives an error, never another file's bytes.
+func OpenEntry(ra io.ReaderAt, e ArchiveEntry) (io.Reader, error) {
+	bad := func(format string, args ...any) error {
+		return amlerr.New(amlerr.InvalidStore, e.Path, "archive member: "+format, args...)
+	}
+	if e.Type != TypeFile {
+		return nil, bad("not a file")
+	}
+	zr, err := gzip.NewReader(io.NewSectionReader(ra, e.Member, e.MemberLen))
+	if err != nil {
+		return nil, bad("not gzip: %v", err)
+	}
+	zr.Multistream(false)
+	cr := &countingReader{r: zr}
+	tr := tar.NewReader(cr)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil, bad("no entry for it in its member")
+		}
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		p, err := archiveName(hdr.Name)
+		if err != nil || p != e.Path {
+			continue
+		}
+		if cr.n != e.Data || hdr.Size != e.Size || (hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA) {
+			return nil, bad("the index says %d bytes at %d, the member holds %d at %d", e.Size, e.Data, hdr.Size, cr.n)
+		}
+		return io.LimitReader(tr, e.Size), nil
+	}
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}

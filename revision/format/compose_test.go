@@ -1,0 +1,212 @@
+package format
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/amlfs/amlfs/amlerr"
+)
+
+// composeSample writes a composable archive of small files, a large one,
+// directories and a symlink.
+func composeSample(t testing.TB) ([]byte, *ArchiveIndex, map[string]string) {
+	var buf bytes.Buffer
+	c, err := NewComposeWriter(&buf, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(c.Dir(TreeEntry{Path: "d", Mode: 0o755}))
+	for i := range 40 {
+		p := fmt.Sprintf("d/f%02d.txt", i)
+		files[p] = strings.Repeat(fmt.Sprint(i), 1000*(i%7)+1)
+		must(c.File(TreeEntry{Path: p, Mode: 0o644, Size: int64(len(files[p])), Mtime: 1796418000123456789}, strings.NewReader(files[p])))
+	}
+	big := strings.Repeat("large file, a member of its own. ", MemberTarget/16)
+	files["big.bin"] = big
+	must(c.File(TreeEntry{Path: "big.bin", Mode: 0o600, Size: int64(len(big))}, strings.NewReader(big)))
+	files["after.txt"] = "after the large one"
+	must(c.File(TreeEntry{Path: "after.txt", Mode: 0o644, Size: int64(len(files["after.txt"]))}, strings.NewReader(files["after.txt"])))
+	must(c.Symlink(TreeEntry{Path: "link", Target: "d/f01.txt", Mode: 0o777}))
+	n, x, err := c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(buf.Len()) {
+		t.Fatalf("Close says %d bytes, wrote %d", n, buf.Len())
+	}
+	return buf.Bytes(), x, files
+}
+
+// TestComposeRoundTrip: a composable archive reads as any archive, its
+// index is found from its last bytes, and each file reads alone from its
+// member.
+func TestComposeRoundTrip(t *testing.T) {
+	data, wrote, files := composeSample(t)
+	// An ordinary reader: every file, the directories, no symlink.
+	got := map[string]string{}
+	entries, err := ReadArchive(bytes.NewReader(data), "x.tar.gz", DefaultLimits, func(e TreeEntry, r io.Reader) error {
+		if r != nil {
+			b, _ := io.ReadAll(r)
+			got[e.Path] = string(b)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(files)+1 || len(got) != len(files) {
+		t.Fatalf("%d entries, %d files", len(entries), len(got))
+	}
+	for p, want := range files {
+		if got[p] != want {
+			t.Errorf("%s differs", p)
+		}
+	}
+	// The index from the tail alone.
+	off, n, err := IndexRange(data[len(data)-TailBytes:], int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := ParseIndexMember(data[off:off+n], int64(len(data)), DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Entries) != len(wrote.Entries) || len(x.Symlinks) != 1 || x.Symlinks[0].Target != "d/f01.txt" {
+		t.Fatalf("index read back: %d entries, symlinks %+v", len(x.Entries), x.Symlinks)
+	}
+	members := map[int64]bool{}
+	for _, e := range x.Entries {
+		members[e.Member] = true
+		if e.Type != TypeFile {
+			continue
+		}
+		r, err := OpenEntry(bytes.NewReader(data), e)
+		if err != nil {
+			t.Fatalf("%s: %v", e.Path, err)
+		}
+		b, _ := io.ReadAll(r)
+		if string(b) != files[e.Path] {
+			t.Errorf("%s read alone differs", e.Path)
+		}
+		if e.Path == "d/f00.txt" && e.Mtime != 1796418000123456789 {
+			t.Errorf("nanosecond mtime lost: %v", e.Mtime)
+		}
+	}
+	if len(members) < 3 {
+		t.Errorf("%d members: small files were not batched apart from the large one", len(members))
+	}
+	// GNU tar reads it too.
+	if _, err := exec.LookPath("tar"); err == nil {
+		f := t.TempDir() + "/x.tar.gz"
+		os.WriteFile(f, data, 0o644)
+		out, err := exec.Command("tar", "-tzf", f).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "./big.bin") || !strings.Contains(string(out), "./d/f39.txt") {
+			t.Errorf("tar -t: %v\n%.300s", err, out)
+		}
+	}
+}
+
+// TestComposeHostileIndex: an index that lies gives an error, never
+// another file's bytes.
+func TestComposeHostileIndex(t *testing.T) {
+	data, x, _ := composeSample(t)
+	var f1, f2 ArchiveEntry
+	for _, e := range x.Entries {
+		switch e.Path {
+		case "d/f01.txt":
+			f1 = e
+		case "d/f02.txt":
+			f2 = e
+		}
+	}
+	for name, e := range map[string]ArchiveEntry{
+		"offset of another file": func() ArchiveEntry { e := f1; e.Data = f2.Data; return e }(),
+		"wrong size":             func() ArchiveEntry { e := f1; e.Size++; return e }(),
+		"wrong member":           func() ArchiveEntry { e := f1; e.Member++; return e }(),
+		"renamed":                func() ArchiveEntry { e := f2; e.Path = "d/f01.txt"; return e }(),
+	} {
+		r, err := OpenEntry(bytes.NewReader(data), e)
+		if err == nil {
+			b, _ := io.ReadAll(r)
+			t.Errorf("%s: read %q", name, b)
+		} else if amlerr.Code(err) != amlerr.InvalidStore {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	spoil := func(f func(*ArchiveIndex)) error {
+		y := *x
+		y.Entries = append([]ArchiveEntry(nil), x.Entries...)
+		f(&y)
+		var buf bytes.Buffer
+		at := x.End + x.EndLen
+		if err := WriteIndexMember(&buf, &y, at); err != nil {
+			return err
+		}
+		whole := append(data[:at:at], buf.Bytes()...)
+		off, n, err := IndexRange(whole[len(whole)-TailBytes:], int64(len(whole)))
+		if err != nil {
+			return err
+		}
+		_, err = ParseIndexMember(whole[off:off+n], int64(len(whole)), DefaultLimits)
+		return err
+	}
+	for name, f := range map[string]func(*ArchiveIndex){
+		"member past the end": func(y *ArchiveIndex) { y.Entries[3].MemberLen = y.End },
+		"overlapping members": func(y *ArchiveIndex) {
+			last := len(y.Entries) - 1
+			y.Entries[last].Member = y.Entries[1].Member + 1
+		},
+		"traversal":     func(y *ArchiveIndex) { y.Entries[2].Path = "../x" },
+		"version 2":     func(y *ArchiveIndex) { y.Version = 2 },
+		"end moved":     func(y *ArchiveIndex) { y.End-- },
+		"symlink entry": func(y *ArchiveIndex) { y.Entries[2].Type = TypeSymlink },
+	} {
+		if err := spoil(f); amlerr.Code(err) != amlerr.InvalidStore {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if err := spoil(func(*ArchiveIndex) {}); err != nil {
+		t.Errorf("an unspoiled index: %v", err)
+	}
+}
+
+func FuzzArchiveIndex(f *testing.F) {
+	data, x, _ := composeSample(f)
+	off, n, _ := IndexRange(data[len(data)-TailBytes:], int64(len(data)))
+	f.Add(data[off:off+n], int64(len(data)))
+	var buf bytes.Buffer
+	WriteIndexMember(&buf, &ArchiveIndex{Version: 1, End: 0, EndLen: 10}, 10)
+	f.Add(buf.Bytes()[:buf.Len()-TailBytes], int64(buf.Len()+10))
+	_ = x
+	f.Fuzz(func(t *testing.T, member []byte, size int64) {
+		if size < int64(len(member)) {
+			return
+		}
+		if _, _, err := IndexRange(member, size); err != nil && amlerr.Code(err) == "" {
+			t.Fatalf("IndexRange without a code: %v", err)
+		}
+		y, err := ParseIndexMember(member, size, Limits{Entries: 1000, ExtractedBytes: 1 << 30, ArchiveBytes: 1 << 30})
+		if err != nil {
+			if amlerr.Code(err) == "" {
+				t.Fatalf("rejection without a code: %v", err)
+			}
+			return
+		}
+		for _, e := range y.Entries {
+			if e.Member < 0 || e.Member+e.MemberLen > y.End || ValidPath(e.Path) != nil {
+				t.Fatalf("accepted %+v", e)
+			}
+		}
+	})
+}
