@@ -61,8 +61,8 @@ type ArchiveIndex struct {
 	// lies.
 	Entries []ArchiveEntry `json:"entries"`
 	// Symlinks are kept here only: AML's reader refuses symlink entries.
-	Symlinks []TreeEntry  `json:"symlinks,omitempty"`
-	Fork     *ForkOrigin  `json:"fork,omitempty"`
+	Symlinks []TreeEntry `json:"symlinks,omitempty"`
+	Fork     *ForkOrigin `json:"fork,omitempty"`
 	// End is where the member holding the tar's end-of-archive starts,
 	// and EndLen its length.
 	End    int64 `json:"end"`
@@ -328,7 +328,9 @@ func subfield(extra []byte, id string) ([]byte, bool) {
 // TailBytes (or more) bytes, given the archive's size: it returns their
 // byte range.
 func IndexRange(tail []byte, size int64) (off, n int64, err error) {
-	bad := func(why string) error { return amlerr.New(amlerr.InvalidStore, "archive", "no amlfs index at its end: %s", why) }
+	bad := func(why string) error {
+		return amlerr.New(amlerr.InvalidStore, "archive", "no amlfs index at its end: %s", why)
+	}
 	if len(tail) < TailBytes || int64(len(tail)) > size {
 		return 0, 0, bad("too short")
 	}
