@@ -8,6 +8,7 @@
 # Needs root (FUSE, native serving).
 #
 #   ROUNDS=3 N=2000 bash bench/toolbench.sh
+#   AMLFS_BIN=/path/to/amlfs ...   (time another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-toolbench}
@@ -15,7 +16,7 @@ ROUNDS=${ROUNDS:-3}
 N=${N:-2000}
 rm -rf "$WORK"; mkdir -p "$WORK"/{native,ctl,fuse,bin,store,cache,run}
 export AMLFS_RUNTIME_DIR="$WORK/run"
-go build -o "$WORK/bin/amlfs" ./cmd/amlfs
+if [ -n "${AMLFS_BIN:-}" ]; then cp "$AMLFS_BIN" "$WORK/bin/amlfs"; else go build -o "$WORK/bin/amlfs" ./cmd/amlfs; fi
 go build -o "$WORK/bin/toolcalls" ./bench/toolcalls
 AM="$WORK/bin/amlfs"
 cleanup() { for t in native ctl fuse; do "$AM" unmount --no-save "$WORK/$t" >/dev/null 2>&1 || true; done; }
@@ -29,14 +30,15 @@ mounted_native "$WORK/ctl" "amlfs --serve native (control)" "$AM"
 mounted "$WORK/fuse" "amlfs --serve fuse"
 
 declare -A R
-TOOLS="read_file stat list_files write_file"
+TOOLS="read_file file_stat list_files write_file"
 TARGETS=(native ctl fuse)
 keep() { local cur=${R[$1]:-}; if [ -z "$cur" ] || (( $(echo "$2 < $cur" | bc -l) )); then R[$1]=$2; fi; }
 for round in $(seq "$ROUNDS"); do
   order=""
   for i in "${!TARGETS[@]}"; do order+=" ${TARGETS[$(( (i + round - 1) % ${#TARGETS[@]} ))]}"; done
   for target in $order; do
-    while read -r tool us; do keep "$target,$tool" "$us"; done < <("$WORK/bin/toolcalls" -n "$N" "$WORK/$target")
+    out=$("$WORK/bin/toolcalls" -n "$N" "$WORK/$target")  # set -e: a failed call stops the run
+    while read -r tool us; do keep "$target,$tool" "$us"; done <<<"$out"
   done
 done
 

@@ -46,7 +46,7 @@ func main() {
 		args func(i int) map[string]any
 	}{
 		{"read_file", func(i int) map[string]any { return map[string]any{"path": fmt.Sprintf("tc/f%d.txt", i%50)} }},
-		{"stat", func(i int) map[string]any { return map[string]any{"path": fmt.Sprintf("tc/f%d.txt", i%50)} }},
+		{"file_stat", func(i int) map[string]any { return map[string]any{"path": fmt.Sprintf("tc/f%d.txt", i%50)} }},
 		{"list_files", func(i int) map[string]any { return map[string]any{"path": "tc"} }},
 		{"write_file", func(i int) map[string]any {
 			return map[string]any{"path": fmt.Sprintf("tc/w%d.txt", i%50), "content": fmt.Sprint("rewrite ", i)}
