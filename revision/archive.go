@@ -10,8 +10,11 @@ import (
 )
 
 // writeArchive writes the entries of the tree at dir as AML's archive
-// format. Each file is its bytes at one instant (readStable), spooled
-// before its header is written, since a tar header gives the size first.
+// format, composable (format.ComposeWriter: gzip members of whole tar
+// entries, and amlfs's index at the end, which keeps the nanosecond
+// mtimes and the stat data). Each file is its bytes at one instant
+// (readStable), spooled before its header is written, since a tar header
+// gives the size first.
 // It returns the number of compressed bytes written and the entries as
 // written: sizes and mtimes of the bytes read, without files that were
 // gone by the time they were read.
@@ -21,9 +24,9 @@ func writeArchive(w io.Writer, dir string, entries []format.TreeEntry, lim forma
 		return 0, nil, err
 	}
 	defer t.Close()
-	aw, err := format.NewArchiveWriter(w, lim)
+	aw, err := format.NewComposeWriter(w, lim)
 	if err != nil {
-		return aw.Written(), nil, err
+		return 0, nil, err
 	}
 	var sp spool
 	defer sp.close()
@@ -32,29 +35,29 @@ func writeArchive(w io.Writer, dir string, entries []format.TreeEntry, lim forma
 		switch e.Type {
 		case format.TypeDir:
 			if err := aw.Dir(e); err != nil {
-				return aw.Written(), nil, err
+				return 0, nil, err
 			}
 		case format.TypeFile:
 			f, gone, err := sp.read(t, e.Path)
 			if err != nil {
-				return aw.Written(), nil, err
+				return 0, nil, err
 			}
 			if gone {
 				continue
 			}
 			e.Size, e.Mtime = int64(sp.st.Size), format.Mtime(sp.st.Mtime.Nano())
 			if _, err := f.Seek(0, io.SeekStart); err != nil {
-				return aw.Written(), nil, err
+				return 0, nil, err
 			}
 			if err := aw.File(e, f); err != nil {
-				return aw.Written(), nil, err
+				return 0, nil, err
 			}
 		default:
-			return aw.Written(), nil, amlerr.New(amlerr.UnsupportedEntry, e.Path, "a %s cannot be saved in AML's archive format; use --format folder", e.Type)
+			return 0, nil, amlerr.New(amlerr.UnsupportedEntry, e.Path, "a %s cannot be saved in AML's archive format; use --format folder", e.Type)
 		}
 		out = append(out, e)
 	}
-	n, err := aw.Close()
+	n, _, err := aw.Close()
 	if err != nil {
 		return n, nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -206,5 +207,50 @@ func TestArchiveInteropWithTar(t *testing.T) {
 	}
 	if got := string(out); got != "./\n./a/\n./empty/\n./top.txt\n./a/b.txt\n" {
 		t.Errorf("tar -t:\n%s", got)
+	}
+}
+
+// TestArchiveIsComposable: an archive revision is written composable: its
+// index is found from its end, names every file with its saved stat data
+// and nanosecond mtime, and each file reads alone from its member.
+func TestArchiveIsComposable(t *testing.T) {
+	ctx := context.Background()
+	base, src := newBase(t, "mem"), t.TempDir()
+	writeTree(t, src, map[string]string{"a.txt": "alpha", "d/b.txt": strings.Repeat("b", 300<<10), "d/e/c.txt": "c"})
+	w := openWS(t, base, "arch", Options{Format: format.FormatArchive})
+	res, err := w.Save(ctx, src, format.Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := base.read(t, "arch", res.Entry.Path)
+	off, n, err := format.IndexRange(data[len(data)-format.TailBytes:], int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := format.ParseIndexMember(data[off:off+n], int64(len(data)), format.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := 0
+	for _, e := range x.Entries {
+		if e.Type != format.TypeFile {
+			continue
+		}
+		files++
+		if e.Stat.Ino == 0 || e.Mtime%1e9 == 0 && e.Mtime.Time().Nanosecond() != 0 {
+			t.Errorf("%s: stat data %+v, mtime %v", e.Path, e.Stat, e.Mtime)
+		}
+		r, err := format.OpenEntry(bytes.NewReader(data), e)
+		if err != nil {
+			t.Fatalf("%s: %v", e.Path, err)
+		}
+		got, _ := io.ReadAll(r)
+		want, _ := os.ReadFile(filepath.Join(src, e.Path))
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s read alone differs", e.Path)
+		}
+	}
+	if files != 3 {
+		t.Errorf("the index names %d files", files)
 	}
 }
