@@ -366,9 +366,9 @@ func (f *FS) Freeze() (thaw func()) {
 // Hold.
 func (f *FS) Touch() {}
 
-// Hold holds a checkpoint back (Freeze) while the daemon changes the
-// working directory itself, not through the mount (a tool call), and
-// counts the change.
+// Hold holds a checkpoint back (Freeze) while a change is made, and
+// counts it: each change through the mount, and each the daemon makes to
+// the working directory itself (a tool call).
 func (f *FS) Hold() (release func()) {
 	f.barrier.RLock()
 	f.changes.Add(1)

@@ -23,11 +23,7 @@ type node struct {
 }
 
 // mutate runs a change under the barrier's read side and records it.
-func (n *node) mutate() func() {
-	n.fs.barrier.RLock()
-	n.fs.changes.Add(1)
-	return n.fs.barrier.RUnlock
-}
+func (n *node) mutate() func() { return n.fs.Hold() }
 
 const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall.O_APPEND
 

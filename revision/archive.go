@@ -13,7 +13,7 @@ import (
 // format, composable (format.ComposeWriter: gzip members of whole tar
 // entries, and amlfs's index at the end, which keeps the nanosecond
 // mtimes and the stat data). Each file is its bytes at one instant
-// (readStable), spooled before its header is written, since a tar header
+// (store.ReadStable), spooled before its header is written, since a tar header
 // gives the size first.
 // It returns the number of compressed bytes written and the entries as
 // written: sizes and mtimes of the bytes read, without files that were

@@ -51,30 +51,15 @@ func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, pat
 // writes raise no further event). It returns nil at once if f is not a
 // pending placeholder of this tree.
 func (w *Workspace) fillOpen(ctx context.Context, f *os.File) error {
-	l := w.lazyState()
-	if l == nil {
-		return nil
-	}
-	var st, dir syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return err
-	}
-	if err := syscall.Stat(l.dir, &dir); err != nil || st.Dev != dir.Dev {
-		return err
-	}
-	name := f.Name()
-	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", f.Fd())); err == nil {
-		name = p
-	}
-	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error { return w.fillFile(ctx, pf, st.Ino, f) })
+	return w.fillVia(ctx, int(f.Fd()), func(ctx context.Context, pf pendingFile, ino uint64) error {
+		return w.fillFile(ctx, pf, ino, f)
+	})
 }
 
-// Fill gives the placeholder that fd refers to (any descriptor of it; an
-// O_PATH one will do: the FUSE node's) its bytes, in place: a no-op
-// unless it is a pending placeholder of this tree. The file is opened
-// for writing through fd itself, never by a path, and only when there is
-// something to fill (an open for writing fails on a running executable).
-func (w *Workspace) fillFd(ctx context.Context, fd int) error {
+// fillVia runs fill for the pending placeholder of this tree that fd
+// refers to, through the fetches' one singleflight; it returns nil at once
+// if fd is anything else.
+func (w *Workspace) fillVia(ctx context.Context, fd int, fill func(ctx context.Context, pf pendingFile, ino uint64) error) error {
 	l := w.lazyState()
 	if l == nil {
 		return nil
@@ -94,14 +79,23 @@ func (w *Workspace) fillFd(ctx context.Context, fd int) error {
 	if err != nil {
 		name = proc
 	}
-	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error {
+	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error { return fill(ctx, pf, st.Ino) })
+}
+
+// Fill gives the placeholder that fd refers to (any descriptor of it; an
+// O_PATH one will do: the FUSE node's) its bytes, in place: a no-op
+// unless it is a pending placeholder of this tree. The file is opened
+// for writing through fd itself, never by a path, and only when there is
+// something to fill (an open for writing fails on a running executable).
+func (w *Workspace) fillFd(ctx context.Context, fd int) error {
+	return w.fillVia(ctx, fd, func(ctx context.Context, pf pendingFile, ino uint64) error {
 		// The magic link reopens the very inode fd refers to.
-		f, err := os.OpenFile(proc, os.O_WRONLY|syscall.O_CLOEXEC, 0)
+		f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_WRONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		return w.fillFile(ctx, pf, st.Ino, f)
+		return w.fillFile(ctx, pf, ino, f)
 	})
 }
 

@@ -96,26 +96,21 @@ func (c *treeCall) open(r string, flags int, mode uint32) (int, *Error) {
 	if strings.HasPrefix(rel, "../") || rel == ".." || !c.t.direct.Serves(rel, c.subtree) {
 		return -1, errViaMount
 	}
-	for {
-		fd, err := unix.Openat2(int(c.root.Fd()), rel, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode),
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
-		switch {
-		case err == unix.EINTR || err == unix.EAGAIN:
-			continue
-		case err == unix.ELOOP || err == unix.EXDEV:
-			return -1, errViaMount // a symlink on the way: the mount resolves it
-		case err != nil:
-			return -1, c.t.resolveErr(r, err)
-		}
-		if flags&(unix.O_PATH|unix.O_DIRECTORY) == 0 && c.t.direct.Writing(fd) {
-			unix.Close(fd)
-			return -1, errViaMount
-		}
-		if c.write && flags&(unix.O_WRONLY|unix.O_RDWR) != 0 {
-			c.changed = append(c.changed, rel)
-		}
-		return fd, nil
+	fd, err := openat2(int(c.root.Fd()), rel, flags, mode, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_SYMLINKS|unix.RESOLVE_NO_MAGICLINKS)
+	switch {
+	case err == unix.ELOOP || err == unix.EXDEV:
+		return -1, errViaMount // a symlink on the way: the mount resolves it
+	case err != nil:
+		return -1, c.t.resolveErr(r, err)
 	}
+	if flags&(unix.O_PATH|unix.O_DIRECTORY) == 0 && c.t.direct.Writing(fd) {
+		unix.Close(fd)
+		return -1, errViaMount
+	}
+	if c.write && flags&(unix.O_WRONLY|unix.O_RDWR) != 0 {
+		c.changed = append(c.changed, rel)
+	}
+	return fd, nil
 }
 
 // entry notes that the call resolves the entry name of the directory

@@ -252,9 +252,13 @@ func (t *FS) open(r string, flags int, mode uint32) (int, *Error) {
 }
 
 func openBeneath(dirFD int, r string, flags int, mode uint32) (int, error) {
+	return openat2(dirFD, r, flags, mode, unix.RESOLVE_BENEATH|unix.RESOLVE_NO_MAGICLINKS)
+}
+
+// openat2 opens r beneath dirFD with resolve, again while interrupted.
+func openat2(dirFD int, r string, flags int, mode uint32, resolve uint64) (int, error) {
 	for {
-		fd, err := unix.Openat2(dirFD, r, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode),
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS})
+		fd, err := unix.Openat2(dirFD, r, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: resolve})
 		if err == unix.EINTR || err == unix.EAGAIN {
 			continue
 		}

@@ -45,7 +45,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		unix.Close(hfd)
 		return nil, nil, 0, errno
 	}
-	return ch, newFile(hfd, ch.Operations().(loopbacker).Loopback().r.Load().b, flags), 0, 0
+	return ch, newFile(hfd, backingOf(ch), flags), 0, 0
 }
 
 // openExisting opens the existing regular file name for a CREATE without
@@ -293,9 +293,14 @@ func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 		unix.Close(hfd)
 		return nil, nil, 0, errno
 	}
-	b := ch.Operations().(loopbacker).Loopback().r.Load().b
+	b := backingOf(ch)
 	b.tmp.Store(true)
 	return ch, newFile(hfd, b, flags), 0, 0
 }
 
 var _ = (gofs.NodeOpendirHandler)((*Node)(nil))
+
+// backingOf is the backing inode of a node this tree made (child, adopt).
+func backingOf(ch *gofs.Inode) *backing {
+	return ch.Operations().(loopbacker).Loopback().r.Load().b
+}

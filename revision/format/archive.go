@@ -7,75 +7,12 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
 )
 
-// An ArchiveWriter writes AML's archive format: a gzip-compressed tar
-// rooted at ".", holding only directories and regular files, within
-// Limits.ArchiveBytes of compressed bytes.
-type ArchiveWriter struct {
-	cw  *countingWriter
-	gz  *gzip.Writer
-	tw  *tar.Writer
-	now time.Time
-}
-
-// NewArchiveWriter starts an archive on w with its root member.
-func NewArchiveWriter(w io.Writer, lim Limits) (*ArchiveWriter, error) {
-	lim = lim.OrDefault()
-	a := &ArchiveWriter{cw: &countingWriter{w: w, limit: lim.ArchiveBytes}, now: time.Now()}
-	a.gz = gzip.NewWriter(a.cw)
-	a.tw = tar.NewWriter(a.gz)
-	err := a.tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: a.now, Format: tar.FormatPAX})
-	return a, err
-}
-
-func (a *ArchiveWriter) header(e TreeEntry) *tar.Header {
-	mtime := a.now
-	if e.Mtime != 0 {
-		mtime = e.Mtime.Time()
-	}
-	return &tar.Header{Name: "./" + e.Path, Mode: int64(e.Mode), ModTime: mtime, Format: tar.FormatPAX}
-}
-
-// Dir adds the directory e.
-func (a *ArchiveWriter) Dir(e TreeEntry) error {
-	hdr := a.header(e)
-	hdr.Name += "/"
-	hdr.Typeflag = tar.TypeDir
-	return a.tw.WriteHeader(hdr)
-}
-
-// File adds the regular file e, whose e.Size bytes r gives; fewer is an
-// error.
-func (a *ArchiveWriter) File(e TreeEntry, r io.Reader) error {
-	hdr := a.header(e)
-	hdr.Typeflag = tar.TypeReg
-	hdr.Size = e.Size
-	if err := a.tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	n, err := io.Copy(a.tw, io.LimitReader(r, e.Size))
-	if err == nil && n != e.Size {
-		err = fmt.Errorf("%s: %d of %d bytes", e.Path, n, e.Size)
-	}
-	return err
-}
-
-// Close ends the archive; it returns the compressed bytes written.
-func (a *ArchiveWriter) Close() (int64, error) {
-	if err := a.tw.Close(); err != nil {
-		return a.cw.n, err
-	}
-	err := a.gz.Close()
-	return a.cw.n, err
-}
-
-// Written is the compressed bytes written so far.
-func (a *ArchiveWriter) Written() int64 { return a.cw.n }
-
+// countingWriter counts the bytes written through it, and fails
+// past its limit.
 type countingWriter struct {
 	w     io.Writer
 	n     int64

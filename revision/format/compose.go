@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
@@ -96,27 +97,14 @@ type ComposeWriter struct {
 	w       *countingWriter
 	lim     Limits
 	tw      *tar.Writer
-	sink    memberSink
-	gz      *gzip.Writer // the open member, if any
-	open    []int        // indexes in idx.Entries of the open member's entries
-	start   int64        // the open member's offset
+	sink    countingWriter // the open member's uncompressed tar stream
+	gz      *gzip.Writer   // the open member, if any
+	open    []int          // indexes in idx.Entries of the open member's entries
+	start   int64          // the open member's offset
 	idx     ArchiveIndex
 	now     time.Time
 	entries int
 	bytes   int64
-}
-
-// memberSink passes the tar stream to the open member and counts its
-// uncompressed bytes.
-type memberSink struct {
-	w io.Writer
-	n int64
-}
-
-func (s *memberSink) Write(p []byte) (int, error) {
-	n, err := s.w.Write(p)
-	s.n += int64(n)
-	return n, err
 }
 
 // NewComposeWriter starts a composable archive on w with its root entry.
@@ -138,7 +126,7 @@ func (c *ComposeWriter) begin() error {
 	if err != nil {
 		return err
 	}
-	c.gz, c.sink = gz, memberSink{w: gz}
+	c.gz, c.sink = gz, countingWriter{w: gz, limit: math.MaxInt64}
 	return nil
 }
 
@@ -284,7 +272,7 @@ func WriteIndexMember(w io.Writer, x *ArchiveIndex, at int64) error {
 	if z.Len() > MaxArchiveIndexBytes {
 		return amlerr.New(amlerr.LimitExceeded, "archive index", "the index is %d bytes deflated, over %d", z.Len(), MaxArchiveIndexBytes)
 	}
-	cw := &countingWriter{w: w, limit: 1<<63 - 1}
+	cw := &countingWriter{w: w, limit: math.MaxInt64}
 	for rest := z.Bytes(); len(rest) > 0; {
 		n := min(len(rest), pieceMax)
 		if err := emptyMember(cw, indexPiece, rest[:n]); err != nil {

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Heartbeat is the bookkeeping both stores' leases share: a heartbeat
+// Heartbeat is the bookkeeping every store's lease shares: a heartbeat
 // goroutine, and the first loss, reported once.
 type Heartbeat struct {
 	onLost func(error)
@@ -17,11 +17,12 @@ type Heartbeat struct {
 	lost error // GUARDED_BY(mu)
 }
 
+// NewHeartbeat returns a heartbeat that reports a loss to onLost, if set.
 func NewHeartbeat(onLost func(error)) *Heartbeat {
 	return &Heartbeat{onLost: onLost, done: make(chan struct{})}
 }
 
-// start runs tick every interval until halt; a tick that returns an error
+// Start runs tick every interval until Halt; a tick that returns an error
 // marks the lease lost and ends the heartbeat.
 func (s *Heartbeat) Start(interval time.Duration, tick func() error) {
 	s.wg.Add(1)
@@ -43,7 +44,7 @@ func (s *Heartbeat) Start(interval time.Duration, tick func() error) {
 	}()
 }
 
-// setLost records the first loss and reports it.
+// SetLost records the first loss and reports it.
 func (s *Heartbeat) SetLost(err error) {
 	s.mu.Lock()
 	first := s.lost == nil
@@ -56,13 +57,14 @@ func (s *Heartbeat) SetLost(err error) {
 	}
 }
 
+// LostErr is the first loss recorded, or nil.
 func (s *Heartbeat) LostErr() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lost
 }
 
-// halt stops the heartbeat and waits for it.
+// Halt stops the heartbeat and waits for it.
 func (s *Heartbeat) Halt() {
 	s.stop.Do(func() { close(s.done) })
 	s.wg.Wait()

@@ -65,7 +65,7 @@ func ReadStable(f *os.File, read func(size int64, attempt int) error) (Stamp, er
 	return Stamp{}, amlerr.New(amlerr.SaveFailed, f.Name(), "changed during each of %d reads; not saving torn bytes (the next save tries again)", stableTries)
 }
 
-// readOnce is one try of readStable; ok is false if f changed.
+// readOnce is one try of ReadStable; ok is false if f changed.
 func readOnce(f *os.File, leased bool, read func(size int64) error) (Stamp, bool, error) {
 	before, err := FileStamp(f)
 	if err != nil {

@@ -62,7 +62,7 @@ type Stager interface {
 	// artifact) with exactly size bytes from r, or all of r if size < 0.
 	Put(ctx context.Context, name string, r io.Reader, size int64) error
 	// PutFile writes name with the bytes of the working-tree file f as
-	// they were at one instant (see readStable), and closes f. Once the
+	// they were at one instant (see ReadStable), and closes f. Once the
 	// object has landed it calls done with the stamp of those bytes,
 	// whose size is their length. It may work in the background: its
 	// error may surface only at Flush or Commit.

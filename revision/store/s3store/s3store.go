@@ -385,7 +385,7 @@ func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done f
 	return nil
 }
 
-// putStable uploads f's bytes at one instant (readStable) to key, and
+// putStable uploads f's bytes at one instant (store.ReadStable) to key, and
 // reports them landed under name.
 func (st *s3Stager) putStable(name, key string, f *os.File) (store.Stamp, error) {
 	stp, err := store.ReadStable(f, func(size int64, attempt int) error {

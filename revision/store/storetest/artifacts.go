@@ -168,12 +168,7 @@ func testPutFile(t *testing.T, b Base) {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
-	if err := st.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	flushCommit(t, st, "revisions/r1/")
 	mu.Lock()
 	defer mu.Unlock()
 	if got == nil || *got != want {
@@ -199,12 +194,7 @@ func testReuse(t *testing.T, b Base) {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
-	if err := st.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	flushCommit(t, st, "revisions/r2/")
 	if !called {
 		t.Error("done was not called")
 	}
@@ -231,12 +221,7 @@ func testReuseGone(t *testing.T, b Base) {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
-	if err := st.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	flushCommit(t, st, "revisions/r2/")
 	mu.Lock()
 	if got == nil || got.Size != uint64(len("from the tree")) {
 		t.Errorf("stamp of the bytes written from the tree: %+v", got)
@@ -280,12 +265,7 @@ func testForeign(t *testing.T, b Base) {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
-	if err := st.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	flushCommit(t, st, "revisions/f1/")
 	mustRead(t, dst, "revisions/f1/files/a", "shared")
 	// A store never removes another workspace's objects.
 	if err := dst.Remove(ctx, key); err == nil {

@@ -133,6 +133,13 @@ func stage(t *testing.T, s store.Store, key string, files map[string]string) {
 	if _, ok := files["manifest.json"]; !ok {
 		put(t, st, "manifest.json", "{}")
 	}
+	flushCommit(t, st, key)
+}
+
+// flushCommit waits for everything st wrote, then commits the artifact
+// at key, failing the test on any error.
+func flushCommit(t *testing.T, st store.Stager, key string) {
+	t.Helper()
 	if err := st.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
