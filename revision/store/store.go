@@ -31,6 +31,11 @@ type Store interface {
 	PublishIndex(ctx context.Context, data []byte, prev string) (version string, err error)
 	// Open reads one object, or returns ErrNotExist.
 	Open(ctx context.Context, key string) (io.ReadCloser, error)
+	// ReadRange reads n bytes of the object key from off (a ranged GET),
+	// or with off < 0 its last n bytes (all of it if it is shorter). It
+	// returns the object's whole size with them. A range past the
+	// object's end is cut at it.
+	ReadRange(ctx context.Context, key string, off, n int64) (r io.ReadCloser, size int64, err error)
 	// Stage starts writing the artifact at key ("revisions/<id>/" or
 	// "revisions/<id>.tar.gz"). A folder's manifest.json, which makes it
 	// a revision, and an archive's one object are readable only once
@@ -79,6 +84,13 @@ type Stager interface {
 	// name has landed, with the stamp of the bytes written from local, or
 	// nil for a copy. It may work in the background, as PutFile.
 	Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*Stamp)) error
+	// Compose writes a single-object artifact (an archive; name "") as
+	// pieces, in order. Pieces of existing objects are copied without
+	// passing through amlfs where the store can: ranged server-side
+	// copies (UploadPartCopy) under S3's part rules (PlanParts), or
+	// copy_file_range, which reflinks where the disk can. A source that
+	// is gone gives an error wrapping ErrNotExist (see BaseGone).
+	Compose(ctx context.Context, pieces []Piece) error
 	// Commit makes the artifact visible at its key if nothing is there yet,
 	// else returns ErrExist. Everything is durable when it returns.
 	Commit(ctx context.Context) error

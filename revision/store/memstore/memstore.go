@@ -35,6 +35,9 @@ type Base struct {
 	gen     int                // GUARDED_BY(mu)
 	fault   func(op, key string) error
 	now     func() time.Time
+	// Compose's multipart rules (PartRules); zero for S3's.
+	minPart, maxPart int64
+	maxParts         int
 }
 
 // record is a held lease.
@@ -50,7 +53,7 @@ func NewBase() *Base {
 
 // Fail makes every later operation for which fn returns an error fail
 // with it: op is "read", "publish", "put", "commit", "remove", "list",
-// "lock" or "refresh", and key the object's key within its workspace. A
+// "lock" or "refresh", or for Compose "copy-part" and "put-part", and key the object's key within its workspace. A
 // nil fn heals the store.
 func (b *Base) Fail(fn func(op, key string) error) {
 	b.mu.Lock()
@@ -177,22 +180,9 @@ func (s *Store) PublishIndex(ctx context.Context, data []byte, prev string) (str
 }
 
 func (s *Store) Open(ctx context.Context, key string) (io.ReadCloser, error) {
-	if err := ctx.Err(); err != nil {
+	data, err := s.object(ctx, "read", key)
+	if err != nil {
 		return nil, err
-	}
-	full, ok := s.full(key)
-	if !ok {
-		return nil, amlerr.New(amlerr.InvalidStore, key, "not a key of this store")
-	}
-	b := s.base
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err := b.failed("read", key); err != nil {
-		return nil, err
-	}
-	data, ok := b.objects[full]
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", store.ErrNotExist, full)
 	}
 	return io.NopCloser(bytes.NewReader(bytes.Clone(data))), nil
 }

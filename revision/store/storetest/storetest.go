@@ -60,6 +60,8 @@ func Run(t *testing.T, newBase func(t *testing.T) Base) {
 		{"ReuseGone", testReuseGone},
 		{"Foreign", testForeign},
 		{"Remove", testRemove},
+		{"ReadRange", testReadRange},
+		{"Compose", testCompose},
 		{"HostileKeys", testHostileKeys},
 		{"HostileIDs", testHostileIDs},
 		{"Lease", testLease},
