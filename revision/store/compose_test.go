@@ -74,7 +74,7 @@ func TestPlanParts(t *testing.T) {
 		{"fill up", []Piece{new(mb), of(0, 100*mb), new(mb)}, 1, 3},
 		// A range too short to fill and still be copied is read.
 		{"fill all", []Piece{new(mb), of(0, 8*mb), new(mb)}, 0, 1},
-		{"huge range", []Piece{of(0, 12 << 30), new(10)}, 3, 4},
+		{"huge range", []Piece{of(0, 12<<30), new(10)}, 3, 4},
 		{"huge literal", []Piece{new(100 * mb)}, 0, 7},
 	}
 	for _, tc := range tests {
