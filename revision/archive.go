@@ -1,68 +1,180 @@
 package revision
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
 )
 
-// writeArchive writes the entries of the tree at dir as AML's archive
-// format, composable (format.ComposeWriter: gzip members of whole tar
-// entries, and amlfs's index at the end, which keeps the nanosecond
-// mtimes and the stat data). Each file is its bytes at one instant
-// (store.ReadStable), spooled before its header is written, since a tar header
-// gives the size first.
-// It returns the number of compressed bytes written and the entries as
-// written: sizes and mtimes of the bytes read, without files that were
-// gone by the time they were read.
-func writeArchive(w io.Writer, dir string, entries []format.TreeEntry, lim format.Limits) (int64, []format.TreeEntry, error) {
-	t, err := openTree(dir)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer t.Close()
-	aw, err := format.NewComposeWriter(w, lim)
-	if err != nil {
-		return 0, nil, err
-	}
-	var sp spool
-	defer sp.close()
-	out := make([]format.TreeEntry, 0, len(entries))
-	for _, e := range entries {
-		switch e.Type {
-		case format.TypeDir:
-			if err := aw.Dir(e); err != nil {
-				return 0, nil, err
-			}
-		case format.TypeFile:
-			f, gone, err := sp.read(t, e.Path)
-			if err != nil {
-				return 0, nil, err
-			}
-			if gone {
-				continue
-			}
-			e.Size, e.Mtime = int64(sp.st.Size), format.Mtime(sp.st.Mtime.Nano())
-			if _, err := f.Seek(0, io.SeekStart); err != nil {
-				return 0, nil, err
-			}
-			if err := aw.File(e, f); err != nil {
-				return 0, nil, err
-			}
-		default:
-			return 0, nil, amlerr.New(amlerr.UnsupportedEntry, e.Path, "a %s cannot be saved in AML's archive format; use --format folder", e.Type)
-		}
-		out = append(out, e)
-	}
-	n, _, err := aw.Close()
-	if err != nil {
-		return n, nil, err
-	}
-	return n, out, nil
+// Archive revisions are written composable (format.ComposeWriter): gzip
+// members of whole tar entries, files first and directories after, and
+// amlfs's index at the end. A save whose base is such an archive composes
+// the next one (composeArchive): the runs of members whose files are all
+// unchanged are copied by range on the store's side, and only the rest is
+// written. A file of such an archive is reachable alone, by its member
+// (memberKey): a lazy restore fetches each file with one ranged read.
+
+// memberKey names the bytes of the file e of the archive at key: where a
+// placeholder's bytes are, as a folder's object key names them.
+func memberKey(archive string, e format.ArchiveEntry) string {
+	return fmt.Sprintf("%s#%d,%d,%d,%d,%s", archive, e.Member, e.MemberLen, e.Data, e.Size, e.Path)
 }
+
+// parseMemberKey reads a memberKey back; ok is false for any other key.
+func parseMemberKey(key string) (archive string, e format.ArchiveEntry, ok bool) {
+	archive, rest, ok := strings.Cut(key, "#")
+	if !ok || !strings.HasSuffix(archive, format.ArchiveExt) || store.CheckKey(archive) != nil {
+		return "", e, false
+	}
+	f := strings.SplitN(rest, ",", 5)
+	if len(f) != 5 {
+		return "", e, false
+	}
+	var n [4]int64
+	for i := range n {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || v < 0 {
+			return "", e, false
+		}
+		n[i] = v
+	}
+	e = format.ArchiveEntry{TreeEntry: format.TreeEntry{Path: f[4], Type: format.TypeFile, Size: n[3]}, Member: n[0], MemberLen: n[1], Data: n[2]}
+	if e.MemberLen == 0 || format.ValidPath(e.Path) != nil || strings.ContainsRune(e.Path, 0) {
+		return "", e, false
+	}
+	return archive, e, true
+}
+
+// artifactOf is the artifact a file's key lies in: a folder revision's
+// "revisions/<id>/", or an archive.
+func artifactOf(key string) string {
+	if archive, _, ok := parseMemberKey(key); ok {
+		return archive
+	}
+	if rev, _, ok := strings.Cut(key, "files/"); ok {
+		return rev
+	}
+	return key
+}
+
+// openFileBytes reads the bytes of one file: a folder revision's object,
+// or an archive's member, with one ranged read, checked against the
+// index.
+func (w *Workspace) openFileBytes(ctx context.Context, key string) (io.ReadCloser, error) {
+	archive, e, ok := parseMemberKey(key)
+	if !ok {
+		return w.store.Open(ctx, key)
+	}
+	rc, _, err := w.store.ReadRange(ctx, archive, e.Member, e.MemberLen)
+	if err != nil {
+		return nil, err
+	}
+	r, err := format.EntryIn(rc, e)
+	if err != nil {
+		rc.Close()
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{r, rc}, nil
+}
+
+// indexTail is how much of an archive's end the first read of its index
+// takes: most indexes are in it, so one request finds them.
+const indexTail = 256 << 10
+
+// archiveIndex reads the index at the end of the archive at key, with one
+// or two ranged reads. It returns nil for an archive without one (AML
+// wrote it, or an older amlfs), and an error for one whose index lies.
+func (w *Workspace) archiveIndex(ctx context.Context, key string) (*format.ArchiveIndex, error) {
+	rc, size, err := w.store.ReadRange(ctx, key, -1, indexTail)
+	if errors.Is(err, store.ErrNotExist) {
+		return nil, amlerr.New(amlerr.InvalidStore, key, "the index refers to it, but it is missing from %s", w.store)
+	}
+	if err != nil {
+		return nil, err
+	}
+	tail, err := store.ReadAllLimited(rc, indexTail, key)
+	rc.Close()
+	if err != nil {
+		return nil, err
+	}
+	off, n, err := format.IndexRange(tail, size)
+	if err != nil {
+		return nil, nil // not composable: read as a stream
+	}
+	var members []byte
+	if at := size - int64(len(tail)); off >= at {
+		members = tail[off-at : off-at+n]
+	} else {
+		rc, _, err := w.store.ReadRange(ctx, key, off, n)
+		if err != nil {
+			return nil, err
+		}
+		members, err = store.ReadAllLimited(rc, n, key)
+		rc.Close()
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(members)) != n {
+			return nil, amlerr.New(amlerr.InvalidStore, key, "its index is cut short")
+		}
+	}
+	x, err := format.ParseIndexMember(members, size, w.opts.Limits)
+	if err != nil {
+		return nil, amlerr.Wrap(amlerr.InvalidStore, key, err)
+	}
+	return x, nil
+}
+
+// pieceWriter is the Copier a composed archive is written to: written
+// bytes go to a spool file, copied ranges are noted, and both become the
+// pieces Stager.Compose takes.
+type pieceWriter struct {
+	f      *os.File
+	at     int64
+	pieces []store.Piece
+}
+
+func newPieceWriter() (*pieceWriter, error) {
+	f, err := os.CreateTemp("", "amlfs-compose-*")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(f.Name())
+	return &pieceWriter{f: f}, nil
+}
+
+func (p *pieceWriter) Write(b []byte) (int, error) {
+	n, err := p.f.WriteAt(b, p.at)
+	if n > 0 {
+		if k := len(p.pieces); k > 0 && p.pieces[k-1].Key == "" && p.pieces[k-1].Off+p.pieces[k-1].N == p.at {
+			p.pieces[k-1].N += int64(n)
+		} else {
+			p.pieces = append(p.pieces, store.Piece{Data: p.f, Off: p.at, N: int64(n)})
+		}
+		p.at += int64(n)
+	}
+	return n, err
+}
+
+func (p *pieceWriter) CopyRange(key string, off, n int64) error {
+	if n > 0 {
+		p.pieces = append(p.pieces, store.Piece{Key: key, Off: off, N: n})
+	}
+	return nil
+}
+
+func (p *pieceWriter) Close() error { return p.f.Close() }
 
 // spool holds one file's bytes between their stable read and the tar
 // stream: an unlinked temporary file, reused for every file.

@@ -51,6 +51,15 @@ func forStores(t *testing.T, fn func(t *testing.T, kind string)) {
 	}
 }
 
+// forStoresFormats runs fn once per store kind and revision format.
+func forStoresFormats(t *testing.T, fn func(t *testing.T, kind, form string)) {
+	for _, kind := range storeKinds {
+		for _, form := range []string{format.FormatFolder, format.FormatArchive} {
+			t.Run(kind+"/"+form, func(t *testing.T) { fn(t, kind, form) })
+		}
+	}
+}
+
 func (b testBase) store(t *testing.T, id string) store.Family {
 	t.Helper()
 	var (

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
 	"golang.org/x/sys/unix"
 )
@@ -186,8 +187,8 @@ func isPending(f *os.File, ino uint64) (syscall.Stat_t, error) {
 
 // goneErr is the error of a placeholder whose bytes another writer pruned.
 func (w *Workspace) goneErr(pf pendingFile) error {
-	rev, _, _ := strings.Cut(pf.key, "files/")
-	return amlerr.New(amlerr.BaseRevisionGone, pf.key, "the bytes of %s are gone from %s: revision %s was pruned, most likely by another writer, before this lazily restored file was fetched", pf.origPath, w.store, strings.TrimSuffix(strings.TrimPrefix(rev, "revisions/"), "/"))
+	rev := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(artifactOf(pf.key), "revisions/"), "/"), format.ArchiveExt)
+	return amlerr.New(amlerr.BaseRevisionGone, pf.key, "the bytes of %s are gone from %s: revision %s was pruned, most likely by another writer, before this lazily restored file was fetched", pf.origPath, w.store, rev)
 }
 
 // fillFile writes a placeholder's bytes into f, checks their count, makes
@@ -197,7 +198,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 	if err != nil {
 		return err
 	}
-	r, err := w.store.Open(ctx, pf.key)
+	r, err := w.openFileBytes(ctx, pf.key)
 	if errors.Is(err, store.ErrNotExist) {
 		return w.goneErr(pf)
 	}

@@ -177,6 +177,9 @@ func getMarker(p, name, old string, legacy bool, buf []byte) (int, error) {
 
 // validPendingKey checks a key read back from a placeholder's xattr.
 func validPendingKey(key string) bool {
+	if _, _, ok := parseMemberKey(key); ok {
+		return true
+	}
 	if _, _, ok := store.SplitForeign(key); ok {
 		return !strings.Contains(key, "\x00")
 	}
@@ -202,7 +205,9 @@ func scanPending(dir string, sel format.Selection, legacy bool) (*lazyState, err
 				return nil // populated (ENODATA)
 			}
 			rev, orig, ok := strings.Cut(string(buf[:n]), "\x00")
-			if !ok || !validPendingKey(rev+"files") || !strings.HasSuffix(rev, "/") || (orig != "" && format.ValidPath(orig) != nil) {
+			folder := validPendingKey(rev+"files") && strings.HasSuffix(rev, "/")
+			archive := strings.HasSuffix(rev, format.ArchiveExt) && store.CheckKey(rev) == nil && (strings.HasPrefix(rev, "revisions/") || store.IsForeign(rev))
+			if !ok || !folder && !archive || (orig != "" && format.ValidPath(orig) != nil) {
 				return amlerr.New(amlerr.InvalidStore, p, "bad pending directory marker %q", buf[:n])
 			}
 			return l.dirs.markDir(p, orig, rev)

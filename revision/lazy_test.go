@@ -14,12 +14,12 @@ import (
 )
 
 func TestLazyRestore(t *testing.T) {
-	forStores(t, func(t *testing.T, sk string) {
+	forStoresFormats(t, func(t *testing.T, sk, form string) {
 		ctx := context.Background()
 		base, src := newBase(t, sk), t.TempDir()
 		writeTree(t, src, map[string]string{"a/one.txt": "one", "a/two.txt": "second file", "b/three.bin": strings.Repeat("3", 5000), "empty/": ""})
 		os.Chmod(filepath.Join(src, "a/two.txt"), 0o640)
-		w := openWS(t, base, "lazy", Options{LazyRestore: true, Retention: 5})
+		w := openWS(t, base, "lazy", Options{LazyRestore: true, Retention: 5, Format: form})
 		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -124,11 +124,11 @@ func TestProgressReports(t *testing.T) {
 // Pruning never strands a placeholder: a save repoints reused placeholders
 // at the new revision, and fetches the rest before pruning.
 func TestLazyPlaceholdersSurvivePruning(t *testing.T) {
-	forStores(t, func(t *testing.T, sk string) {
+	forStoresFormats(t, func(t *testing.T, sk, form string) {
 		ctx := context.Background()
 		base, src := newBase(t, sk), t.TempDir()
 		writeTree(t, src, map[string]string{"keep.txt": "kept", "skip.log": "excluded later", "x.txt": "x"})
-		w := openWS(t, base, "prune", Options{LazyRestore: true, Retention: 1})
+		w := openWS(t, base, "prune", Options{LazyRestore: true, Retention: 1, Format: form})
 		if _, err := w.Save(ctx, src, format.Selection{NoGitignore: true}, ""); err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 
 	"golang.org/x/sync/errgroup"
@@ -54,14 +55,14 @@ type dirSet struct {
 	dirs  map[uint64]pendingDir         // GUARDED_BY(mu): by inode
 	calls map[uint64]*fetchCall         // GUARDED_BY(mu)
 	files map[string][]format.TreeEntry // GUARDED_BY(mu): rev + "\x00" + dir -> its files
-	revs  map[string]bool               // GUARDED_BY(mu): revisions loaded into files
+	revs  map[string]func(string) string // GUARDED_BY(mu): revisions loaded into files, and their files' keys
 	sel   format.Selection
 	n     atomic.Int64 // len(dirs), read without mu on every FUSE call
 }
 
 func newDirSet(sel format.Selection) *dirSet {
 	return &dirSet{dirs: map[uint64]pendingDir{}, calls: map[uint64]*fetchCall{},
-		files: map[string][]format.TreeEntry{}, revs: map[string]bool{}, sel: sel}
+		files: map[string][]format.TreeEntry{}, revs: map[string]func(string) string{}, sel: sel}
 }
 
 // unmade counts the files of pending directories whose revision's
@@ -78,12 +79,13 @@ func (d *dirSet) unmade() (files int, bytes int64) {
 	return files, bytes
 }
 
-// load indexes a manifest's files by parent directory. Must hold d.mu.
-func (d *dirSet) load(rev string, entries []format.TreeEntry) {
-	if d.revs[rev] {
+// load indexes a revision's files by parent directory; x is an archive's
+// index. Must hold d.mu.
+func (d *dirSet) load(rev string, entries []format.TreeEntry, x *format.ArchiveIndex) {
+	if d.revs[rev] != nil {
 		return
 	}
-	d.revs[rev] = true
+	d.revs[rev] = fileKeys(rev, x)
 	for _, te := range entries {
 		if te.Type == format.TypeFile {
 			k := rev + "\x00" + parentDir(te.Path)
@@ -119,9 +121,9 @@ func (d *dirSet) markDir(dir, orig, rev string) error {
 
 // deferFiles marks, after a lazy restore into root, every directory that
 // will hold files; entries are the restored (selected) entries of rev.
-func (d *dirSet) deferFiles(root, rev string, entries []format.TreeEntry) error {
+func (d *dirSet) deferFiles(root, rev string, entries []format.TreeEntry, x *format.ArchiveIndex) error {
 	d.mu.Lock()
-	d.load(rev, entries)
+	d.load(rev, entries, x)
 	var dirs []string
 	for k := range d.files {
 		if r, dir, _ := strings.Cut(k, "\x00"); r == rev {
@@ -182,25 +184,40 @@ func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir 
 func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, dir string) error {
 	d := l.dirs
 	d.mu.Lock()
-	loaded := d.revs[pd.rev]
+	loaded := d.revs[pd.rev] != nil
 	d.mu.Unlock()
 	// The stat data saved with the revision show only for a restore made
 	// in this process, whose numbers the view knows from the start.
 	view := w.view
 	if !loaded {
 		view = nil
-		// Resumed after a crash: read the revision's manifest again.
-		m, err := w.manifest(ctx, format.Entry{Path: pd.rev, Format: format.FormatFolder})
-		if err != nil {
-			return err
+		// Resumed after a crash: read the revision's manifest, or
+		// index, again.
+		var entries []format.TreeEntry
+		var x *format.ArchiveIndex
+		if strings.HasSuffix(pd.rev, format.ArchiveExt) {
+			var err error
+			if x, err = w.archiveIndex(ctx, pd.rev); err != nil {
+				return err
+			}
+			if x == nil {
+				return amlerr.New(amlerr.InvalidStore, pd.rev, "a lazily restored directory's archive has no index")
+			}
+			entries = d.sel.Filter(x.Tree())
+		} else {
+			m, err := w.manifest(ctx, format.Entry{Path: pd.rev, Format: format.FormatFolder})
+			if err != nil {
+				return err
+			}
+			entries = d.sel.Filter(m.Entries)
 		}
-		entries := d.sel.Filter(m.Entries)
 		d.mu.Lock()
-		d.load(pd.rev, entries)
+		d.load(pd.rev, entries, x)
 		d.mu.Unlock()
 	}
 	d.mu.Lock()
 	files := d.files[pd.rev+"\x00"+pd.origPath]
+	keyOf := d.revs[pd.rev]
 	d.mu.Unlock()
 	base := w.baseTree()
 	// Making placeholders is not a change: the directory keeps its mtime.
@@ -209,7 +226,7 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 		return err
 	}
 	for _, te := range files {
-		key := pd.rev + "files/" + te.Path
+		key := keyOf(te.Path)
 		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key, view)
 		if err != nil {
 			return err

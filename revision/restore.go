@@ -53,12 +53,22 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return format.Entry{}, err
 	}
+	// An archive amlfs wrote has an index: its files are reachable one by
+	// one, so it restores lazily as a folder does.
+	var x *format.ArchiveIndex
+	if e.Format == format.FormatArchive {
+		var err error
+		if x, err = w.archiveIndex(ctx, e.Path); err != nil {
+			os.RemoveAll(tmp)
+			return format.Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
+		}
+	}
 	var lazy *lazyState
-	if w.opts.LazyRestore && e.Format == format.FormatFolder {
+	if w.opts.LazyRestore && (e.Format == format.FormatFolder || x != nil) {
 		lazy = newLazy(dir)
 		lazy.dirs = newDirSet(sel)
 	}
-	restored, err := w.restoreInto(ctx, e, tmp, sel, lazy)
+	restored, err := w.restoreInto(ctx, e, x, tmp, sel, lazy)
 	if err != nil {
 		os.RemoveAll(tmp)
 		return format.Entry{}, fmt.Errorf("restore revision %s: %w", e.ID, err)
@@ -67,8 +77,8 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 		os.RemoveAll(tmp)
 		return format.Entry{}, err
 	}
-	if e.Format == format.FormatFolder {
-		w.setBase(recordTree(dir, e, restored))
+	if e.Format == format.FormatFolder || x != nil {
+		w.setBase(recordTree(dir, e, restored, x))
 		// A lazy restore's placeholders are noted as they are made.
 		recordView(w.view, dir, restored, lazy == nil)
 	}
@@ -79,10 +89,13 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 }
 
 // restoreInto materializes e into dir and returns the entries it restored.
-// With lazy set, files become placeholders (see lazy.go).
-func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string, sel format.Selection, lazy *lazyState) ([]format.TreeEntry, error) {
-	if e.Format == format.FormatArchive {
-		w.view.Reset(nil) // an archive keeps no stat data
+// With lazy set, files become placeholders (see lazy.go). x is an
+// archive's index, if it has one.
+func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, x *format.ArchiveIndex, dir string, sel format.Selection, lazy *lazyState) ([]format.TreeEntry, error) {
+	var entries []format.TreeEntry
+	switch {
+	case e.Format == format.FormatArchive && x == nil:
+		w.view.Reset(nil) // an archive without an index keeps no stat data
 		// Validate the whole archive before extracting anything.
 		if _, err := w.treeOf(ctx, e); err != nil {
 			return nil, err
@@ -93,12 +106,15 @@ func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string,
 		}
 		defer r.Close()
 		return readArchive(r, dir, e.Path, w.opts.Limits, sel.Takes)
+	case x != nil:
+		entries = sel.Filter(x.Tree())
+	default:
+		m, err := w.manifest(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		entries = sel.Filter(m.Tree())
 	}
-	m, err := w.manifest(ctx, e)
-	if err != nil {
-		return nil, err
-	}
-	entries := sel.Filter(m.Tree())
 	w.view.Reset(entries)
 	var nfiles, nbytes int64
 	for _, te := range entries {
@@ -131,7 +147,13 @@ func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string,
 	if lazy != nil {
 		// Files are made on first use of their directory (lazydir.go).
 		prog.files.Add(nfiles)
-		if err := lazy.dirs.deferFiles(dir, e.Path, entries); err != nil {
+		if err := lazy.dirs.deferFiles(dir, e.Path, entries, x); err != nil {
+			return nil, err
+		}
+		return entries, mat.finish()
+	}
+	if x != nil {
+		if err := w.extractIndexed(ctx, e, x, &mat, entries, prog); err != nil {
 			return nil, err
 		}
 		return entries, mat.finish()
@@ -161,6 +183,45 @@ func (w *Workspace) restoreInto(ctx context.Context, e format.Entry, dir string,
 		return nil, err
 	}
 	return entries, mat.finish()
+}
+
+// extractIndexed extracts the selected files of an indexed archive with
+// one read of it, each checked against the index, which gives their
+// metadata (nanosecond mtimes, owners).
+func (w *Workspace) extractIndexed(ctx context.Context, e format.Entry, x *format.ArchiveIndex, mat *materializer, entries []format.TreeEntry, prog *progress) error {
+	want := map[string]format.TreeEntry{}
+	for _, te := range entries {
+		if te.Type == format.TypeFile {
+			want[te.Path] = te
+		}
+	}
+	r, err := w.openArtifact(ctx, e.Path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	_, err = format.ReadArchive(r, e.Path, w.opts.Limits, func(h format.TreeEntry, content io.Reader) error {
+		te, ok := want[h.Path]
+		if !ok || h.Type != format.TypeFile {
+			return nil
+		}
+		if h.Size != te.Size {
+			return amlerr.New(amlerr.InvalidStore, e.Path, "%s: the index says %d bytes, the archive holds %d", h.Path, te.Size, h.Size)
+		}
+		delete(want, h.Path)
+		if err := mat.add(te, prog.reader(content)); err != nil {
+			return err
+		}
+		prog.fileDone()
+		return ctx.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for p := range want {
+		return amlerr.New(amlerr.InvalidStore, e.Path, "%s is in its index, not in the archive", p)
+	}
+	return nil
 }
 
 func (w *Workspace) restoreFile(ctx context.Context, mat *materializer, key string, te format.TreeEntry, prog *progress) error {

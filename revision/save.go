@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -160,11 +159,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.expect = nil // the tree is now the new revision's
 	w.setFork(nil)
 	if src == w {
-		if entry.Format == format.FormatFolder {
-			w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps})
-		} else {
-			w.setBase(nil)
-		}
+		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
 		// Placeholders not fetched yet now take their bytes from the
 		// new revision, where the save copied them.
 		w.repoint(up.moves)
@@ -206,11 +201,6 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	for _, p := range skipped {
 		w.log.Warn("special file not saved (a socket, fifo or device)", "op", "snapshot", "path", p)
 	}
-	if w.opts.Format == format.FormatArchive {
-		if err := noSymlinks(entries); err != nil {
-			return entry, nil, up, err
-		}
-	}
 	total, files := treeSize(entries)
 	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
 		return entry, nil, up, err
@@ -233,12 +223,16 @@ type uploadStats struct {
 	uploadedBytes    int64
 	stamps           map[string]baseFile
 	moves            map[uint64]repointTo // reused placeholders, by inode
+	index            *format.ArchiveIndex // an archive's
 }
 
 // upload writes the artifact. For a folder revision, a file unchanged since
 // the base tree (same stamp) reuses the base revision's object; only the
 // rest is uploaded. Must hold w.mu.
 func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, prog *progress, src *Workspace) (up uploadStats, err error) {
+	if entry.Format == format.FormatArchive {
+		return w.uploadArchive(ctx, dir, entry, entries, prog, src)
+	}
 	st, err := w.store.Stage(ctx, entry.Path)
 	if err != nil {
 		return up, err
@@ -254,36 +248,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 			st.Abort(context.WithoutCancel(ctx))
 		}
 	}()
-	if entry.Format == format.FormatArchive {
-		if err := src.ensureAll(ctx, entries); err != nil {
-			return up, err
-		}
-		pr, pw := io.Pipe()
-		go func() {
-			var err error
-			_, up.entries, err = writeArchive(pw, dir, entries, w.opts.Limits)
-			pw.CloseWithError(err)
-		}()
-		err := st.Put(ctx, "", pr, -1)
-		pr.CloseWithError(err) // unblock the writer if Put stopped early
-		if err != nil {
-			return up, err
-		}
-		up.uploadedBytes, up.uploaded = treeSize(up.entries)
-		return up, st.Commit(ctx)
-	}
-	// Reuse only from a base revision the index still holds, or another
-	// workspace's (a fork's source: if it is gone, the bytes come from
-	// the tree).
-	base := src.baseTree()
-	if base != nil && !store.IsForeign(base.revPath) && (src.index == nil || !hasRevision(src.index, base.rev)) {
-		base = nil
-	}
-	// The base's keys as w's store names them.
-	baseKey := func(k string) string { return k }
-	if src != w {
-		baseKey = src.store.(store.Family).Foreign
-	}
+	base, baseKey := w.reusableBase(src)
 	t, err := openTree(dir)
 	if err != nil {
 		return up, err
@@ -419,6 +384,22 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 	return up, st.Commit(ctx)
 }
 
+// reusableBase is the base tree a save of src's tree may reuse objects
+// of, and how w's store names its keys. Only a base revision the index
+// still holds, or another workspace's (a fork's source: if it is gone,
+// the bytes come from the tree).
+func (w *Workspace) reusableBase(src *Workspace) (*baseTree, func(string) string) {
+	base := src.baseTree()
+	if base != nil && !store.IsForeign(base.revPath) && (src.index == nil || !hasRevision(src.index, base.rev)) {
+		base = nil
+	}
+	baseKey := func(k string) string { return k }
+	if src != w {
+		baseKey = src.store.(store.Family).Foreign
+	}
+	return base, baseKey
+}
+
 // treeSize returns the bytes and the number of the files in es.
 func treeSize(es []format.TreeEntry) (bytes int64, files int) {
 	for _, te := range es {
@@ -438,24 +419,6 @@ func countType(es []format.TreeEntry, typ string) int {
 		}
 	}
 	return n
-}
-
-// noSymlinks refuses symlinks in an archive save: AML's archive reader
-// throws on any tar member that is not a file or a directory.
-func noSymlinks(es []format.TreeEntry) error {
-	var links []string
-	for _, te := range es {
-		if te.Type == format.TypeSymlink {
-			links = append(links, fmt.Sprintf("%q", te.Path))
-		}
-	}
-	if len(links) == 0 {
-		return nil
-	}
-	if len(links) > 20 {
-		links = append(links[:20], fmt.Sprintf("and %d more", len(links)-20))
-	}
-	return amlerr.New(amlerr.UnsupportedEntry, strings.Trim(links[0], `"`), "%d symlinks, which AML's archive format cannot hold (its reader throws on them): save with --format folder, which keeps them in a manifest extension AML ignores, or exclude them: %s", countType(es, format.TypeSymlink), strings.Join(links, ", "))
 }
 
 func hasRevision(idx *format.Index, id string) bool {

@@ -20,8 +20,11 @@ type baseTree struct {
 	dir     string
 	rev     string // the revision the keys point into
 	revPath string // its artifact path
-	mu      sync.Mutex
-	files   map[string]baseFile // GUARDED_BY(mu): by revision path
+	// index is an archive revision's index (its members), nil for a
+	// folder's.
+	index *format.ArchiveIndex
+	mu    sync.Mutex
+	files map[string]baseFile // GUARDED_BY(mu): by revision path
 }
 
 // refresh updates p's stamp after its bytes were fetched in place, if p is
@@ -62,20 +65,33 @@ func (b *baseTree) reusable(dir, p string) (string, store.Stamp, bool) {
 	return f.key, cur, true
 }
 
-// recordTree stamps every file of entries under dir, keyed into the folder
-// revision e.
-func recordTree(dir string, e format.Entry, entries []format.TreeEntry) *baseTree {
-	revPath := e.Path
-	b := &baseTree{dir: dir, rev: e.ID, revPath: e.Path, files: make(map[string]baseFile, len(entries))}
+// recordTree stamps every file of entries under dir, keyed into revision
+// e: a folder, or an archive whose index is x.
+func recordTree(dir string, e format.Entry, entries []format.TreeEntry, x *format.ArchiveIndex) *baseTree {
+	b := &baseTree{dir: dir, rev: e.ID, revPath: e.Path, index: x, files: make(map[string]baseFile, len(entries))}
+	keys := fileKeys(e.Path, x)
 	for _, e := range entries {
 		if e.Type != format.TypeFile {
 			continue
 		}
 		if st, ok := statStamp(filepath.Join(dir, filepath.FromSlash(e.Path))); ok {
-			b.files[e.Path] = baseFile{stamp: st, key: revPath + "files/" + e.Path}
+			b.files[e.Path] = baseFile{stamp: st, key: keys(e.Path)}
 		}
 	}
 	return b
+}
+
+// fileKeys gives the key of each file's bytes in the revision at revPath:
+// a folder's object, or with x an archive's member (memberKey).
+func fileKeys(revPath string, x *format.ArchiveIndex) func(p string) string {
+	if x == nil {
+		return func(p string) string { return revPath + "files/" + p }
+	}
+	at := make(map[string]format.ArchiveEntry, len(x.Entries))
+	for _, e := range x.Entries {
+		at[e.Path] = e
+	}
+	return func(p string) string { return memberKey(revPath, at[p]) }
 }
 
 // add records a file made after the base was taken (a lazily populated

@@ -92,31 +92,103 @@ func (x *ArchiveIndex) Tree() []TreeEntry {
 	return out
 }
 
-// ComposeWriter writes a composable archive.
+// ComposeWriter writes a composable archive. A member holds files or
+// directories, never both: a save writes the files first and the
+// directories (whose mtimes change with every file added or removed in
+// them) after, so that the members of unchanged files stay as they were.
 type ComposeWriter struct {
+	out     io.Writer
 	w       *countingWriter
 	lim     Limits
 	tw      *tar.Writer
 	sink    countingWriter // the open member's uncompressed tar stream
 	gz      *gzip.Writer   // the open member, if any
+	kind    string         // the open member's entries' type
 	open    []int          // indexes in idx.Entries of the open member's entries
 	start   int64          // the open member's offset
+	rooted  bool           // the root entry "./" is written
 	idx     ArchiveIndex
 	now     time.Time
 	entries int
 	bytes   int64
 }
 
-// NewComposeWriter starts a composable archive on w with its root entry.
+// A Copier is where a composed archive goes (Stager.Compose): it takes
+// written bytes, and ranges of an existing archive that it appends
+// without their passing through it.
+type Copier interface {
+	io.Writer
+	CopyRange(key string, off, n int64) error
+}
+
+// NewComposeWriter starts a composable archive on w. Members of an
+// existing archive are reused (Reuse) only when w is a Copier.
 func NewComposeWriter(w io.Writer, lim Limits) (*ComposeWriter, error) {
 	lim = lim.OrDefault()
-	c := &ComposeWriter{w: &countingWriter{w: w, limit: lim.ArchiveBytes}, lim: lim, now: time.Now(), idx: ArchiveIndex{Version: 1}}
+	c := &ComposeWriter{out: w, w: &countingWriter{w: w, limit: lim.ArchiveBytes}, lim: lim, now: time.Now(), idx: ArchiveIndex{Version: 1}}
 	c.tw = tar.NewWriter(&c.sink)
-	if err := c.begin(); err != nil {
-		return nil, err
+	return c, nil
+}
+
+// A Member is the byte range of one gzip member of an archive and the
+// index's entries it holds.
+type Member struct {
+	Off, Len int64
+	Entries  []ArchiveEntry
+}
+
+// Members groups the index's entries by member, in archive order.
+func (x *ArchiveIndex) Members() []Member {
+	var out []Member
+	for _, e := range x.Entries {
+		if n := len(out); n > 0 && out[n-1].Off == e.Member {
+			out[n-1].Entries = append(out[n-1].Entries, e)
+			continue
+		}
+		out = append(out, Member{Off: e.Member, Len: e.MemberLen, Entries: []ArchiveEntry{e}})
 	}
-	err := c.tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: c.now, Format: tar.FormatPAX})
-	return c, err
+	return out
+}
+
+// Reuse appends the members [off, off+n) of the existing archive key,
+// which hold exactly entries (its index's, in order), without reading
+// them: the Copier copies the range. Each entry keeps its place in its
+// member; its member's offset becomes the new one.
+func (c *ComposeWriter) Reuse(key string, off, n int64, entries []ArchiveEntry) error {
+	cp, ok := c.out.(Copier)
+	if !ok {
+		return errors.New("this archive cannot reuse members: its writer copies no ranges")
+	}
+	if err := c.end(); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Member < off || e.Member+e.MemberLen > off+n {
+			return fmt.Errorf("entry %q lies outside the reused range", e.Path)
+		}
+		if err := c.count(e.TreeEntry); err != nil {
+			return err
+		}
+	}
+	if c.w.n+n > c.w.limit {
+		return amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", c.w.limit, limitHint)
+	}
+	at := c.w.n
+	if err := cp.CopyRange(key, off, n); err != nil {
+		return err
+	}
+	c.w.n += n
+	for _, e := range entries {
+		e.Member = at + e.Member - off
+		c.idx.Entries = append(c.idx.Entries, e)
+	}
+	return nil
+}
+
+// root writes the archive's root entry "./" into the open member.
+func (c *ComposeWriter) root() error {
+	c.rooted = true
+	return c.tw.WriteHeader(&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: c.now, Format: tar.FormatPAX})
 }
 
 // begin opens a member.
@@ -168,7 +240,7 @@ func (c *ComposeWriter) add(e TreeEntry, hdr *tar.Header, r io.Reader) error {
 	if err := c.count(e); err != nil {
 		return err
 	}
-	if c.gz != nil && (c.sink.n >= MemberTarget || e.Size >= MemberTarget && len(c.open) > 0) {
+	if c.gz != nil && (c.sink.n >= MemberTarget || e.Size >= MemberTarget && len(c.open) > 0 || c.kind != e.Type) {
 		if err := c.end(); err != nil {
 			return err
 		}
@@ -176,6 +248,12 @@ func (c *ComposeWriter) add(e TreeEntry, hdr *tar.Header, r io.Reader) error {
 	if c.gz == nil {
 		if err := c.begin(); err != nil {
 			return err
+		}
+		c.kind = e.Type
+		if e.Type == TypeDir && !c.rooted {
+			if err := c.root(); err != nil {
+				return err
+			}
 		}
 	}
 	if err := c.tw.Flush(); err != nil { // the previous entry's padding
@@ -240,6 +318,12 @@ func (c *ComposeWriter) Close() (int64, *ArchiveIndex, error) {
 	}
 	if err := c.begin(); err != nil {
 		return c.w.n, nil, err
+	}
+	if !c.rooted {
+		// No directory but the root: it goes with the end-of-archive.
+		if err := c.root(); err != nil {
+			return c.w.n, nil, err
+		}
 	}
 	c.idx.End = c.start
 	if err := c.tw.Close(); err != nil {
@@ -437,36 +521,82 @@ func (x *ArchiveIndex) check(indexAt int64, lim Limits) error {
 // index gives, the tar header for e's path and size, so that an index
 // that lies gives an error, never another file's bytes.
 func OpenEntry(ra io.ReaderAt, e ArchiveEntry) (io.Reader, error) {
-	bad := func(format string, args ...any) error {
-		return amlerr.New(amlerr.InvalidStore, e.Path, "archive member: "+format, args...)
-	}
+	return EntryIn(io.NewSectionReader(ra, e.Member, e.MemberLen), e)
+}
+
+// EntryIn is OpenEntry from the bytes of e's member alone.
+func EntryIn(member io.Reader, e ArchiveEntry) (io.Reader, error) {
 	if e.Type != TypeFile {
-		return nil, bad("not a file")
+		return nil, amlerr.New(amlerr.InvalidStore, e.Path, "archive member: not a file")
 	}
-	zr, err := gzip.NewReader(io.NewSectionReader(ra, e.Member, e.MemberLen))
+	var out io.Reader
+	err := MemberEntries(member, []ArchiveEntry{e}, func(_ ArchiveEntry, r io.Reader) error {
+		out = r
+		return errStop
+	})
+	if err != nil && err != errStop {
+		return nil, err
+	}
+	return out, nil
+}
+
+var errStop = errors.New("stop")
+
+// MemberEntries reads one member's bytes from member and calls each, in
+// order, for each of es (entries of that member, in the index's order)
+// with the entry's content (nil for a directory). Each entry's tar header
+// is checked at the offset the index gives, for its path, type and size:
+// an index that lies gives an error, never another file's bytes. An error
+// from each ends the reading and is returned.
+func MemberEntries(member io.Reader, es []ArchiveEntry, each func(e ArchiveEntry, r io.Reader) error) error {
+	if len(es) == 0 {
+		return nil
+	}
+	bad := func(p string, format string, args ...any) error {
+		return amlerr.New(amlerr.InvalidStore, p, "archive member: "+format, args...)
+	}
+	zr, err := gzip.NewReader(member)
 	if err != nil {
-		return nil, bad("not gzip: %v", err)
+		return bad(es[0].Path, "not gzip: %v", err)
 	}
 	zr.Multistream(false)
 	cr := &countingReader{r: zr}
 	tr := tar.NewReader(cr)
-	for {
+	for len(es) > 0 {
+		e := es[0]
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return nil, bad("no entry for it in its member")
+			return bad(e.Path, "no entry for it in its member")
 		}
 		if err != nil {
-			return nil, bad("%v", err)
+			return bad(e.Path, "%v", err)
 		}
 		p, err := archiveName(hdr.Name)
 		if err != nil || p != e.Path {
+			if cr.n >= e.Data {
+				return bad(e.Path, "the index says it is at %d, the member holds %q there", e.Data, hdr.Name)
+			}
 			continue
 		}
-		if cr.n != e.Data || hdr.Size != e.Size || (hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA) {
-			return nil, bad("the index says %d bytes at %d, the member holds %d at %d", e.Size, e.Data, hdr.Size, cr.n)
+		typ := TypeFile
+		if hdr.Typeflag == tar.TypeDir {
+			typ = TypeDir
+		} else if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
+			typ = ""
 		}
-		return io.LimitReader(tr, e.Size), nil
+		if cr.n != e.Data || hdr.Size != e.Size || typ != e.Type {
+			return bad(e.Path, "the index says a %s of %d bytes at %d, the member holds a %q of %d at %d", e.Type, e.Size, e.Data, hdr.Typeflag, hdr.Size, cr.n)
+		}
+		var r io.Reader
+		if e.Type == TypeFile {
+			r = io.LimitReader(tr, e.Size)
+		}
+		if err := each(e, r); err != nil {
+			return err
+		}
+		es = es[1:]
 	}
+	return nil
 }
 
 // countingReader counts the bytes read through it.

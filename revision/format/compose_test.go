@@ -210,3 +210,134 @@ func FuzzArchiveIndex(f *testing.F) {
 		}
 	})
 }
+
+// rangeCopier is a Copier over archives held in memory.
+type rangeCopier struct {
+	bytes.Buffer
+	objects map[string][]byte
+}
+
+func (c *rangeCopier) CopyRange(key string, off, n int64) error {
+	src, ok := c.objects[key]
+	if !ok || off+n > int64(len(src)) {
+		return fmt.Errorf("no range [%d, +%d) of %q", off, n, key)
+	}
+	c.Write(src[off : off+n])
+	return nil
+}
+
+// TestComposeReuse: an archive made of an earlier one's members (by
+// range), a changed file, and the unchanged files of that file's member
+// rewritten, reads as the tree it should be, and its own index holds.
+func TestComposeReuse(t *testing.T) {
+	data, x, files := composeSample(t)
+	out := &rangeCopier{objects: map[string][]byte{"a": data}}
+	c, err := NewComposeWriter(out, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const changed = "d/f05.txt"
+	files[changed] = "changed"
+	var dirs []TreeEntry
+	var touched *Member
+	var run []ArchiveEntry
+	var runOff, runEnd int64
+	flush := func() {
+		if len(run) > 0 {
+			if err := c.Reuse("a", runOff, runEnd-runOff, run); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run = nil
+	}
+	for _, m := range x.Members() {
+		if m.Entries[0].Type == TypeDir {
+			for _, e := range m.Entries {
+				dirs = append(dirs, e.TreeEntry)
+			}
+			continue
+		}
+		hit := false
+		for _, e := range m.Entries {
+			hit = hit || e.Path == changed
+		}
+		if hit {
+			touched = &m
+			continue
+		}
+		if len(run) == 0 || runEnd != m.Off {
+			flush()
+			runOff = m.Off
+		}
+		run = append(run, m.Entries...)
+		runEnd = m.Off + m.Len
+	}
+	flush()
+	if touched == nil || len(touched.Entries) < 2 {
+		t.Fatalf("the changed file's member: %+v", touched)
+	}
+	// Its siblings, from the old member; then the changed file.
+	err = MemberEntries(bytes.NewReader(data[touched.Off:touched.Off+touched.Len]), touched.Entries, func(e ArchiveEntry, r io.Reader) error {
+		if e.Path == changed {
+			return nil
+		}
+		return c.File(e.TreeEntry, r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.File(TreeEntry{Path: changed, Mode: 0o644, Size: 7}, strings.NewReader("changed")); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if err := c.Dir(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Symlink(x.Symlinks[0])
+	n, y, err := c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.Bytes()
+	if n != int64(len(got)) {
+		t.Fatalf("Close says %d, wrote %d", n, len(got))
+	}
+	read := map[string]string{}
+	if _, err := ReadArchive(bytes.NewReader(got), "b.tar.gz", DefaultLimits, func(e TreeEntry, r io.Reader) error {
+		if r != nil {
+			b, _ := io.ReadAll(r)
+			read[e.Path] = string(b)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	off, k, err := IndexRange(got[len(got)-TailBytes:], int64(len(got)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := ParseIndexMember(got[off:off+k], int64(len(got)), DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(z.Entries) != len(y.Entries) || len(z.Entries) != len(x.Entries) {
+		t.Fatalf("%d entries, wrote %d, had %d", len(z.Entries), len(y.Entries), len(x.Entries))
+	}
+	for _, e := range z.Entries {
+		if e.Type != TypeFile {
+			continue
+		}
+		r, err := OpenEntry(bytes.NewReader(got), e)
+		if err != nil {
+			t.Fatalf("%s: %v", e.Path, err)
+		}
+		b, _ := io.ReadAll(r)
+		if string(b) != files[e.Path] || read[e.Path] != files[e.Path] {
+			t.Errorf("%s differs", e.Path)
+		}
+	}
+	if len(read) != len(files) {
+		t.Errorf("%d files read, want %d", len(read), len(files))
+	}
+}

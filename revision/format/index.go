@@ -53,10 +53,13 @@ func FormatCreatedAt(t time.Time) string {
 	return t.UTC().Truncate(time.Millisecond).Format(createdAtLayout)
 }
 
+// ArchiveExt ends an archive revision's path.
+const ArchiveExt = ".tar.gz"
+
 // RevisionPath is the artifact path AML derives from an id and format.
 func RevisionPath(id, format string) string {
 	if format == FormatArchive {
-		return "revisions/" + id + ".tar.gz"
+		return "revisions/" + id + ArchiveExt
 	}
 	return "revisions/" + id + "/"
 }

@@ -1,0 +1,306 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+)
+
+// maxRuns bounds the runs of reused members a composed archive is made
+// of: past it the archive is written whole again, so that no save needs
+// more parts than a multipart upload allows, nor reads many short runs
+// to fill parts up.
+const maxRuns = 1000
+
+// errFragmented says a composition would take more than maxRuns runs.
+var errFragmented = errors.New("the archive is too fragmented to compose")
+
+// archiveJob is one archive save's input.
+type archiveJob struct {
+	dir     string
+	entries []format.TreeEntry // the snapshot
+	src     *Workspace         // whose tree it is (placeholders, view)
+	fork    *format.ForkOrigin
+	// plan, if not nil, is what to reuse from the base archive.
+	plan *archivePlan
+}
+
+// archivePlan is what a save reuses of its base archive.
+type archivePlan struct {
+	key  string                 // the base archive, as w's store names it
+	kept map[string]store.Stamp // unchanged files of the base, by path
+	// runs are the runs of members whose files are all kept, to copy;
+	// rewrite the members with kept files beside changed ones, with only
+	// the kept entries, to write again from their bytes in the store.
+	runs    []format.Member
+	rewrite []format.Member
+	reused  int64 // the bytes runs copy
+}
+
+// archiveOut is what an archive save wrote.
+type archiveOut struct {
+	index    *format.ArchiveIndex
+	entries  []format.TreeEntry     // as saved
+	stamps   map[string]store.Stamp // of every file saved, by path
+	uploaded int                    // files written from the tree
+	upBytes  int64
+	reused   int // files kept from the base (copied or rewritten)
+}
+
+// planArchive finds what of base, the archive at key, the snapshot
+// entries of dir can reuse: nil when nothing.
+func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry) (*archivePlan, error) {
+	if base == nil || base.index == nil || base.dir != dir {
+		return nil, nil
+	}
+	p := &archivePlan{key: key, kept: map[string]store.Stamp{}}
+	inBase := make(map[string]format.ArchiveEntry, len(base.index.Entries))
+	for _, e := range base.index.Entries {
+		inBase[e.Path] = e
+	}
+	for _, te := range entries {
+		if te.Type != format.TypeFile {
+			continue
+		}
+		if _, stp, ok := base.reusable(dir, te.Path); ok && stp.Size == uint64(te.Size) && inBase[te.Path].Type == format.TypeFile && inBase[te.Path].Size == te.Size {
+			p.kept[te.Path] = stp
+		}
+	}
+	for _, m := range base.index.Members() {
+		all := true
+		var kept []format.ArchiveEntry
+		for _, e := range m.Entries {
+			if _, ok := p.kept[e.Path]; ok && e.Type == format.TypeFile {
+				kept = append(kept, e)
+			} else {
+				all = false
+			}
+		}
+		switch {
+		case all:
+			if n := len(p.runs); n > 0 && p.runs[n-1].Off+p.runs[n-1].Len == m.Off {
+				p.runs[n-1].Len += m.Len
+				p.runs[n-1].Entries = append(p.runs[n-1].Entries, m.Entries...)
+			} else {
+				p.runs = append(p.runs, m)
+			}
+			p.reused += m.Len
+		case len(kept) > 0:
+			m.Entries = kept
+			p.rewrite = append(p.rewrite, m)
+		}
+	}
+	if len(p.runs) > maxRuns {
+		return nil, fmt.Errorf("%w: %d runs of unchanged members", errFragmented, len(p.runs))
+	}
+	if len(p.kept) == 0 {
+		return nil, nil
+	}
+	return p, nil
+}
+
+// writeArchive writes the archive of job to aw: the plan's runs, copied;
+// the kept files of the members it rewrites, from the store; every other
+// file from the tree, as it was at one instant (store.ReadStable), the
+// lazily restored ones fetched first; then the directories and the
+// symlinks (in the index only: AML's reader refuses them).
+func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, job archiveJob) (archiveOut, error) {
+	out := archiveOut{stamps: map[string]store.Stamp{}}
+	plan := job.plan
+	if plan == nil {
+		plan = &archivePlan{}
+	}
+	for _, r := range plan.runs {
+		if err := aw.Reuse(plan.key, r.Off, r.Len, r.Entries); err != nil {
+			return out, err
+		}
+		for _, e := range r.Entries {
+			out.stamps[e.Path] = plan.kept[e.Path]
+			out.reused++
+		}
+	}
+	for _, m := range plan.rewrite {
+		rc, _, err := w.store.ReadRange(ctx, plan.key, m.Off, m.Len)
+		if err != nil {
+			return out, err
+		}
+		err = format.MemberEntries(rc, m.Entries, func(e format.ArchiveEntry, r io.Reader) error {
+			out.stamps[e.Path] = plan.kept[e.Path]
+			out.reused++
+			return aw.File(e.TreeEntry, r)
+		})
+		rc.Close()
+		if err != nil {
+			return out, err
+		}
+	}
+	t, err := openTree(job.dir)
+	if err != nil {
+		return out, err
+	}
+	defer t.Close()
+	var sp spool
+	defer sp.close()
+	for _, te := range job.entries {
+		if te.Type != format.TypeFile {
+			continue
+		}
+		if _, ok := plan.kept[te.Path]; ok {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		if err := job.src.ensure(ctx, te.Path); err != nil {
+			return out, err
+		}
+		f, gone, err := sp.read(t, te.Path)
+		if err != nil {
+			return out, err
+		}
+		if gone {
+			continue // removed or replaced since the snapshot
+		}
+		te.Size, te.Mtime = int64(sp.st.Size), format.Mtime(sp.st.Mtime.Nano())
+		ino, ctime := job.src.view.Saved(sp.st.Ino, sp.st.Ctime.Nano())
+		te.Stat.Ino, te.Stat.Ctime = ino, format.Mtime(ctime)
+		if te.Stat.Ino > format.MaxShownIno {
+			te.Stat.Ino, te.Stat.Ctime = 0, 0
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return out, err
+		}
+		if err := aw.File(te, f); err != nil {
+			return out, err
+		}
+		out.stamps[te.Path] = sp.st
+		out.uploaded++
+		out.upBytes += te.Size
+	}
+	for _, te := range job.entries {
+		var err error
+		switch te.Type {
+		case format.TypeDir:
+			err = aw.Dir(te)
+		case format.TypeSymlink:
+			err = aw.Symlink(te)
+		}
+		if err != nil {
+			return out, err
+		}
+	}
+	aw.SetFork(job.fork)
+	if _, out.index, err = aw.Close(); err != nil {
+		return out, err
+	}
+	out.entries = out.index.Tree()
+	return out, nil
+}
+
+// uploadArchive writes an archive revision: composed from its base
+// archive when there is one (a fork's source's, for a fork), else whole.
+// A composition whose base is gone (another writer pruned it), or that
+// would need too many parts, is written whole instead.
+func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, prog *progress, src *Workspace) (uploadStats, error) {
+	base, baseKey := w.reusableBase(src)
+	var key string
+	if base != nil {
+		key = baseKey(base.revPath)
+	}
+	plan, err := planArchive(base, key, dir, entries)
+	if err != nil {
+		w.log.Info("writing the archive whole", "op", "save", "reason", err)
+	}
+	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan}
+	if plan != nil {
+		out, err := w.stageArchive(ctx, entry, job, prog)
+		if err == nil || !errors.Is(err, store.ErrNotExist) && !errors.Is(err, store.ErrTooManyParts) {
+			return archiveStats(entry, out), err
+		}
+		w.log.Warn("the base archive could not be composed from; writing the archive whole", "op", "save", "err", err)
+		job.plan = nil
+	}
+	out, err := w.stageArchive(ctx, entry, job, prog)
+	return archiveStats(entry, out), err
+}
+
+// stageArchive stages and commits the archive of job: composed (with a
+// plan), or streamed whole.
+func (w *Workspace) stageArchive(ctx context.Context, entry format.Entry, job archiveJob, prog *progress) (out archiveOut, err error) {
+	st, err := w.store.Stage(ctx, entry.Path)
+	if err != nil {
+		return out, err
+	}
+	st.OnWritten(func(_ string, n int64) { prog.bytes.Add(n) })
+	defer func() {
+		if err != nil {
+			st.Abort(context.WithoutCancel(ctx))
+		}
+	}()
+	if job.plan != nil {
+		pw, err := newPieceWriter()
+		if err != nil {
+			return out, err
+		}
+		defer pw.Close()
+		aw, err := format.NewComposeWriter(pw, w.opts.Limits)
+		if err != nil {
+			return out, err
+		}
+		if out, err = w.writeArchive(ctx, aw, job); err != nil {
+			return out, err
+		}
+		if err := st.Compose(ctx, pw.pieces); err != nil {
+			return out, err
+		}
+		return out, st.Commit(ctx)
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		aw, err := format.NewComposeWriter(pw, w.opts.Limits)
+		if err == nil {
+			out, err = w.writeArchive(ctx, aw, job)
+		}
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	err = st.Put(ctx, "", pr, -1)
+	pr.CloseWithError(err) // unblock the writer if Put stopped early
+	if werr := <-done; err == nil {
+		err = werr
+	}
+	if err != nil {
+		return out, err
+	}
+	return out, st.Commit(ctx)
+}
+
+// archiveStats is an archive save's uploadStats: the files' keys are
+// their members in the new archive, where the placeholders of kept files
+// are repointed.
+func archiveStats(entry format.Entry, out archiveOut) uploadStats {
+	up := uploadStats{entries: out.entries, uploaded: out.uploaded, uploadedBytes: out.upBytes, reused: out.reused, index: out.index}
+	if out.index == nil {
+		return up
+	}
+	keys := fileKeys(entry.Path, out.index)
+	up.stamps = make(map[string]baseFile, len(out.stamps))
+	for p, stp := range out.stamps {
+		up.stamps[p] = baseFile{stamp: stp, key: keys(p)}
+	}
+	for _, e := range out.index.Entries {
+		if e.Type != format.TypeFile || out.stamps[e.Path].Ino == 0 {
+			continue
+		}
+		if up.moves == nil {
+			up.moves = map[uint64]repointTo{}
+		}
+		up.moves[out.stamps[e.Path].Ino] = repointTo{path: e.Path, key: keys(e.Path)}
+	}
+	return up
+}
