@@ -52,9 +52,9 @@ type pendingDir struct {
 // dirSet is the lazy state of directories.
 type dirSet struct {
 	mu    sync.Mutex
-	dirs  map[uint64]pendingDir         // GUARDED_BY(mu): by inode
-	calls map[uint64]*fetchCall         // GUARDED_BY(mu)
-	files map[string][]format.TreeEntry // GUARDED_BY(mu): rev + "\x00" + dir -> its files
+	dirs  map[uint64]pendingDir          // GUARDED_BY(mu): by inode
+	calls map[uint64]*fetchCall          // GUARDED_BY(mu)
+	files map[string][]format.TreeEntry  // GUARDED_BY(mu): rev + "\x00" + dir -> its files
 	revs  map[string]func(string) string // GUARDED_BY(mu): revisions loaded into files, and their files' keys
 	sel   format.Selection
 	n     atomic.Int64 // len(dirs), read without mu on every FUSE call
