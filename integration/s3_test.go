@@ -32,8 +32,38 @@ const (
 type s3Server struct {
 	endpoint string
 	data     string // the posix backend directory
+	log      string // the server's access log
 	cmd      *exec.Cmd
 	args     []string
+}
+
+// requests counts the requests in the access log by operation (as
+// versitygw names them: "s3_GetObject", "s3_UploadPartCopy"), from byte
+// offset from on; it returns the offset the next count starts at.
+func (s *s3Server) requests(t testing.TB, from int64) (map[string]int, int64) {
+	t.Helper()
+	data, err := os.ReadFile(s.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]int{}
+	for _, line := range strings.Split(string(data[min(from, int64(len(data))):]), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "s3_") {
+				ops[f]++
+				break
+			}
+		}
+	}
+	return ops, int64(len(data))
+}
+
+func total(ops map[string]int) int {
+	n := 0
+	for _, k := range ops {
+		n += k
+	}
+	return n
 }
 
 func versitygw(t testing.TB) string {
@@ -105,12 +135,13 @@ func startS3(t testing.TB, nometa bool) *s3Server {
 	t.Helper()
 	bin := versitygw(t)
 	srv := &s3Server{data: t.TempDir()}
+	srv.log = filepath.Join(t.TempDir(), "access.log")
 	if err := os.Mkdir(filepath.Join(srv.data, s3Bucket), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	addr := freePort(t)
 	srv.endpoint = "http://" + addr
-	srv.args = []string{"--port", addr, "--access", s3Access, "--secret", s3Secret, "posix"}
+	srv.args = []string{"--port", addr, "--access", s3Access, "--secret", s3Secret, "--access-log", srv.log, "posix"}
 	if nometa {
 		srv.args = append(srv.args, "--nometa")
 	}

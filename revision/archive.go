@@ -1,6 +1,7 @@
 package revision
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,9 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sync/singleflight"
 )
 
 // Archive revisions are written composable (format.ComposeWriter): gzip
@@ -73,6 +77,19 @@ func (w *Workspace) openFileBytes(ctx context.Context, key string) (io.ReadClose
 	if !ok {
 		return w.store.Open(ctx, key)
 	}
+	if e.MemberLen <= maxCachedMember {
+		// A member of small files: its neighbours are likely read next
+		// (a checkout, a build, a prefetch), so it is kept a while.
+		data, err := w.members.get(ctx, w.store, archive, e.Member, e.MemberLen)
+		if err != nil {
+			return nil, err
+		}
+		r, err := format.EntryIn(bytes.NewReader(data), e)
+		if err != nil {
+			return nil, err
+		}
+		return io.NopCloser(r), nil
+	}
 	rc, _, err := w.store.ReadRange(ctx, archive, e.Member, e.MemberLen)
 	if err != nil {
 		return nil, err
@@ -86,6 +103,52 @@ func (w *Workspace) openFileBytes(ctx context.Context, key string) (io.ReadClose
 		io.Reader
 		io.Closer
 	}{r, rc}, nil
+}
+
+// Archive members of at most maxCachedMember bytes are kept, up to
+// cachedMembers of them, while the files they hold are fetched.
+const (
+	maxCachedMember = 1 << 20
+	cachedMembers   = 32
+)
+
+// memberCache keeps recently read archive members (compressed), and reads
+// each once however many fetches want it at the same time.
+type memberCache struct {
+	lru *lru.Cache[string, []byte]
+	sf  singleflight.Group
+}
+
+func newMemberCache() *memberCache {
+	c, _ := lru.New[string, []byte](cachedMembers)
+	return &memberCache{lru: c}
+}
+
+func (c *memberCache) get(ctx context.Context, s store.Store, archive string, off, n int64) ([]byte, error) {
+	k := archive + "#" + strconv.FormatInt(off, 10) + "+" + strconv.FormatInt(n, 10)
+	if data, ok := c.lru.Get(k); ok {
+		return data, nil
+	}
+	v, err, _ := c.sf.Do(k, func() (any, error) {
+		rc, _, err := s.ReadRange(ctx, archive, off, n)
+		if err != nil {
+			return nil, err
+		}
+		defer rc.Close()
+		data, err := store.ReadAllLimited(rc, n, archive)
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(data)) != n {
+			return nil, amlerr.New(amlerr.InvalidStore, archive, "a member of %d bytes at %d: the archive is shorter", n, off)
+		}
+		c.lru.Add(k, data)
+		return data, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]byte), nil
 }
 
 // indexTail is how much of an archive's end the first read of its index

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -415,6 +416,9 @@ func (w *Workspace) prefetch(ctx context.Context, workers int) {
 		jobs = append(jobs, job{ino, pf})
 	}
 	l.mu.Unlock()
+	// In key order: an archive's files of one member come one after
+	// another, so the member is read once (memberCache).
+	sort.Slice(jobs, func(i, j int) bool { return jobs[i].pf.key < jobs[j].pf.key })
 	ch := make(chan job)
 	var wg sync.WaitGroup
 	for i := 0; i < workers; i++ {

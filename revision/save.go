@@ -64,6 +64,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	defer w.mu.Unlock()
 	start := time.Now()
 	fail := func(err error) (SaveResult, error) {
+		w.orphansMaybe = true // a failed save may leave its artifact behind
 		if c := amlerr.Code(err); c == amlerr.SaveFailed || c == amlerr.PublishConflict {
 			return SaveResult{}, err
 		}
@@ -79,8 +80,10 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 			return SaveResult{}, amlerr.New(amlerr.RevisionIDConflict, revID, "revision id already exists in %s", w.store)
 		}
 	}
+	// A lease the heartbeat found lost fails the save now; the store is
+	// asked only before publication.
 	if w.lease != nil {
-		if err := w.lease.Lost(); err != nil {
+		if err := w.lease.LostErr(); err != nil {
 			return fail(err)
 		}
 	}
@@ -179,7 +182,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		}
 		res.Pruned = append(res.Pruned, p.ID)
 	}
-	w.cleanOrphans(ctx)
+	if w.orphansMaybe {
+		w.cleanOrphans(ctx)
+	}
 	res.Elapsed = time.Since(start)
 	return res, nil
 }
@@ -427,12 +432,15 @@ func hasRevision(idx *format.Index, id string) bool {
 }
 
 // cleanOrphans removes artifacts the index does not name, left by a crashed
-// or failed save. It runs only under the lease, when no other writer can be
-// between upload and publish.
+// or failed save: after the first save of this process, and after a
+// failed one (orphansMaybe), not after every save (it lists the store). It
+// runs only under the lease, when no other writer can be between upload
+// and publish.
 func (w *Workspace) cleanOrphans(ctx context.Context) {
 	if w.lease == nil || w.index == nil {
 		return
 	}
+	w.orphansMaybe = false
 	keys, err := w.store.Artifacts(ctx)
 	if err != nil {
 		w.log.Warn("list artifacts", "op", "list", "path", w.store.String(), "err", err)

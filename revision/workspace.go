@@ -93,6 +93,10 @@ type Workspace struct {
 	// expect, once set, is the revision the tree was restored from: a
 	// save publishes only while it is still current (GUARDED_BY(mu)).
 	expect *baseExpect
+	// orphansMaybe: a crashed run or a failed save may have left an
+	// artifact the index does not name (cleanOrphans). GUARDED_BY(mu).
+	orphansMaybe bool
+	members      *memberCache // archive members read for lazy fetches
 	// view is the stat data the mount shows for restored files.
 	view StatView
 	// fork, until the first save publishes, names the revision of
@@ -202,7 +206,7 @@ func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, err
 	if opts.FetchTimeout <= 0 {
 		opts.FetchTimeout = DefaultFetchTimeout
 	}
-	w := &Workspace{store: store, opts: opts, log: opts.Log, view: opts.View}
+	w := &Workspace{store: store, opts: opts, log: opts.Log, view: opts.View, orphansMaybe: true, members: newMemberCache()}
 	if w.view == nil {
 		w.view = diskView{}
 	}
