@@ -209,3 +209,37 @@ func TestArchiveSymlinks(t *testing.T) {
 		}
 	})
 }
+
+// TestArchiveForkCopies: the first revision of a fork of an archive
+// workspace is the source's archive copied on the store's side, in one
+// part, plus one uploaded part (directories and index): no file is read
+// or uploaded.
+func TestArchiveForkCopies(t *testing.T) {
+	ctx := context.Background()
+	base, src := newBase(t, "mem"), t.TempDir()
+	files := randomTree(t, src, 300, 40<<10, 3)
+	a := openWS(t, base, "source", Options{Format: format.FormatArchive})
+	first, err := a.Save(ctx, src, format.Selection{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := &opCounter{ops: map[string]int{}}
+	base.mem.Fail(ops.hook)
+	res, err := a.SaveFork(ctx, src, format.Selection{}, "forked", "", first.Entry.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := ops.take()
+	if res.Uploaded != 0 || res.Reused != 300 || got["copy-part"] != 1 || got["put-part"] != 1 {
+		t.Errorf("fork's first save: uploaded %d, reused %d, %v", res.Uploaded, res.Reused, got)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	f := openWS(t, base, "forked", Options{NoLock: true})
+	if _, err := f.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	sameTree(t, dst, files)
+	if o := forkOf(t, f, res.Entry); o == nil || o.ID != "source" || o.Revision != first.Entry.ID {
+		t.Errorf("fork record %+v", o)
+	}
+}

@@ -306,6 +306,13 @@ func (w *Workspace) treeOf(ctx context.Context, e format.Entry) ([]format.TreeEn
 // forked from if it is the first revision of a fork.
 func (w *Workspace) Describe(ctx context.Context, e format.Entry) ([]format.TreeEntry, *format.ForkOrigin, error) {
 	if e.Format == format.FormatArchive {
+		// An index amlfs wrote says it all, with two ranged reads at most.
+		if x, err := w.archiveIndex(ctx, e.Path); err != nil || x != nil {
+			if err != nil {
+				return nil, nil, err
+			}
+			return x.Tree(), x.Fork, nil
+		}
 		r, err := w.openArtifact(ctx, e.Path)
 		if err != nil {
 			return nil, nil, err
