@@ -138,7 +138,9 @@ func (e *env) amlfs(args ...string) result {
 		bin = amlfsBin
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(append(os.Environ(), e.extraEnv...), "AMLFS_RUNTIME_DIR="+e.runtime)
+	// Each env is a host of its own: its own runtime dir, and its own
+	// user cache (where the store probe is remembered).
+	cmd.Env = append(append(os.Environ(), e.extraEnv...), "AMLFS_RUNTIME_DIR="+e.runtime, "XDG_CACHE_HOME="+filepath.Join(e.root, "xdg"))
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -258,7 +258,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := CheckConditionalWrites(ctx, st, cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
+	if err := CheckConditionalWrites(ctx, st, NewProbeMemo(DefaultCacheDir(), cfg.Store, cfg.S3Endpoint), cfg.UnsafeNoConditionalWrites, d.notify); err != nil {
 		return err
 	}
 	wlog := d.log.With("provider", "workspace")
@@ -410,9 +410,10 @@ func (d *Daemon) writeState() error {
 
 // CheckConditionalWrites refuses a store that ignores If-None-Match or
 // If-Match: locking or publishing there could silently overwrite another
-// writer. unsafe turns the refusal into a warning.
-func CheckConditionalWrites(ctx context.Context, st store.Store, unsafe bool, notify func(string, ...any)) error {
-	p := st.Probe(ctx)
+// writer. unsafe turns the refusal into a warning. A store this host saw
+// pass lately (memo) is not probed again.
+func CheckConditionalWrites(ctx context.Context, st store.Store, memo ProbeMemo, unsafe bool, notify func(string, ...any)) error {
+	p := memo.probe(ctx, st)
 	if !p.Reachable || !p.Writable {
 		return amlerr.New(amlerr.InvalidStore, st.String(), "store is not reachable or not writable: %s", p.Error)
 	}

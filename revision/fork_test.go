@@ -86,6 +86,7 @@ func TestFork(t *testing.T) {
 				if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
 					t.Fatal(err)
 				}
+				a.prunes.Wait() // pruning runs after the save returns
 				if slices.Contains(base.revisions(t, "base"), first.Entry.Path) {
 					t.Fatalf("the source did not prune %s", first.Entry.Path)
 				}

@@ -245,6 +245,7 @@ func TestRetentionAndPrune(t *testing.T) {
 		if len(idx.Revisions) != 3 || idx.Revisions[0].ID != ids[4] || idx.Revisions[2].ID != ids[2] {
 			t.Fatalf("index %+v", idx)
 		}
+		w.prunes.Wait() // pruning runs after the save returns
 		if ents := base.revisions(t, "r"); len(ents) != 3 {
 			t.Errorf("the store holds %d artifacts, want 3: %v", len(ents), ents)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
 	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
 )
 
 // SaveResult describes a published revision.
@@ -62,6 +63,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.prunes.Wait() // the last save's pruning, if still under way
 	start := time.Now()
 	fail := func(err error) (SaveResult, error) {
 		w.orphansMaybe = true // a failed save may leave its artifact behind
@@ -167,20 +169,19 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		// new revision, where the save copied them.
 		w.repoint(up.moves)
 	}
-	// 5. Prune, only now, and never a revision a placeholder still needs.
+	// 5. Prune, after publication, without holding the save up.
 	total, files := treeSize(up.entries)
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
 		BaseGone: up.baseGone, Symlinks: countType(up.entries, format.TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled}
 	for _, p := range pruned {
-		if !w.fetchFrom(ctx, p.Path) {
-			w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
-			continue
-		}
-		if err := w.store.Remove(ctx, p.Path); err != nil {
-			w.log.Warn("prune revision", "op", "prune", "path", p.Path, "revision", p.ID, "err", err)
-			continue
-		}
 		res.Pruned = append(res.Pruned, p.ID)
+	}
+	if len(pruned) > 0 {
+		w.prunes.Add(1)
+		go func() {
+			defer w.prunes.Done()
+			w.prune(context.WithoutCancel(ctx), pruned)
+		}()
 	}
 	if w.orphansMaybe {
 		w.cleanOrphans(ctx)
@@ -431,6 +432,47 @@ func hasRevision(idx *format.Index, id string) bool {
 	return ok
 }
 
+// prune removes the artifacts of revisions a publication dropped from the
+// index, several at once, never one whose bytes a lazily restored file
+// still needs: those are fetched first, and a revision whose files could
+// not all be fetched is left for a later save's orphan check.
+func (w *Workspace) prune(ctx context.Context, pruned []format.Entry) {
+	var g errgroup.Group
+	g.SetLimit(pruneParallel)
+	for _, p := range pruned {
+		g.Go(func() error {
+			if !w.fetchFrom(ctx, p.Path) {
+				w.log.Warn("not pruning a revision whose bytes a lazily restored file still needs", "op", "prune", "path", p.Path, "revision", p.ID)
+				return nil
+			}
+			if err := w.store.Remove(ctx, p.Path); err != nil {
+				w.log.Warn("prune revision", "op", "prune", "path", p.Path, "revision", p.ID, "err", err)
+			}
+			return nil
+		})
+	}
+	g.Wait()
+}
+
+// neededArtifacts are the artifacts lazily restored files still take
+// their bytes from: a prune that could not fetch them all left them.
+func (w *Workspace) neededArtifacts() map[string]bool {
+	out := map[string]bool{}
+	l := w.lazyState()
+	if l == nil {
+		return out
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, pf := range l.pending {
+		out[artifactOf(pf.key)] = true
+	}
+	return out
+}
+
+// pruneParallel is how many revisions are pruned at once.
+const pruneParallel = 4
+
 // cleanOrphans removes artifacts the index does not name, left by a crashed
 // or failed save: after the first save of this process, and after a
 // failed one (orphansMaybe), not after every save (it lists the store). It
@@ -450,8 +492,9 @@ func (w *Workspace) cleanOrphans(ctx context.Context) {
 	for _, e := range w.index.Revisions {
 		known[e.Path] = true
 	}
+	needed := w.neededArtifacts()
 	for _, k := range keys {
-		if known[k] {
+		if known[k] || needed[k] {
 			continue
 		}
 		w.log.Info("remove orphan artifact", "path", k)

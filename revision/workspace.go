@@ -97,6 +97,7 @@ type Workspace struct {
 	// artifact the index does not name (cleanOrphans). GUARDED_BY(mu).
 	orphansMaybe bool
 	members      *memberCache // archive members read for lazy fetches
+	prunes       sync.WaitGroup // pruning after a save's publication
 	// view is the stat data the mount shows for restored files.
 	view StatView
 	// fork, until the first save publishes, names the revision of
@@ -375,8 +376,10 @@ func (w *Workspace) CheckLease() error {
 	return w.lease.Lost()
 }
 
-// Close releases the lease. It reports a lease that was lost.
+// Close waits for the pruning of the last save, then releases the lease.
+// It reports a lease that was lost.
 func (w *Workspace) Close(ctx context.Context) error {
+	w.prunes.Wait()
 	if w.lease == nil {
 		return nil
 	}

@@ -45,7 +45,8 @@ func openWorkspaceFor(c *cli.Context, lock, publish bool, opts revision.Options)
 	}
 	if lock || publish {
 		notify := func(format string, args ...any) { fmt.Fprintf(c.App.ErrWriter, "amlfs: "+format+"\n", args...) }
-		if err := mount.CheckConditionalWrites(c.Context, st, sc.UnsafeNoConditionalWrites, notify); err != nil {
+		memo := mount.NewProbeMemo(mount.DefaultCacheDir(), sc.Store, sc.S3Endpoint)
+		if err := mount.CheckConditionalWrites(c.Context, st, memo, sc.UnsafeNoConditionalWrites, notify); err != nil {
 			return nil, err
 		}
 	}

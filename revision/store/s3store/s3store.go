@@ -188,36 +188,47 @@ func (s *Store) list(ctx context.Context, prefix, delimiter string, fn func(key 
 	return nil
 }
 
-// deletePrefix removes every key under prefix, 1000 at a time.
+// deletePrefix removes every key under prefix, in batches of 1000 (S3's
+// most per DeleteObjects), several batches at once while the listing goes
+// on.
 func (s *Store) deletePrefix(ctx context.Context, prefix string) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(deleteParallel)
 	var batch []types.ObjectIdentifier
-	flush := func() error {
+	flush := func() {
 		if len(batch) == 0 {
+			return
+		}
+		objs := batch
+		batch = nil
+		g.Go(func() error {
+			out, err := s.Client.DeleteObjects(gctx, &s3.DeleteObjectsInput{Bucket: &s.Bucket, Delete: &types.Delete{Objects: objs, Quiet: aws.Bool(true)}})
+			if err != nil {
+				return s.wrap("delete", prefix, err)
+			}
+			if len(out.Errors) > 0 {
+				e := out.Errors[0]
+				return fmt.Errorf("delete s3://%s/%s: %s", s.Bucket, aws.ToString(e.Key), aws.ToString(e.Message))
+			}
 			return nil
-		}
-		out, err := s.Client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &s.Bucket, Delete: &types.Delete{Objects: batch, Quiet: aws.Bool(true)}})
-		batch = batch[:0]
-		if err != nil {
-			return s.wrap("delete", prefix, err)
-		}
-		if len(out.Errors) > 0 {
-			e := out.Errors[0]
-			return fmt.Errorf("delete s3://%s/%s: %s", s.Bucket, aws.ToString(e.Key), aws.ToString(e.Message))
-		}
-		return nil
+		})
 	}
-	err := s.list(ctx, prefix, "", func(key string, _ bool) error {
+	err := s.list(gctx, prefix, "", func(key string, _ bool) error {
 		batch = append(batch, types.ObjectIdentifier{Key: aws.String(key)})
 		if len(batch) == 1000 {
-			return flush()
+			flush()
 		}
 		return nil
 	})
-	if err != nil {
-		return err
+	flush()
+	if werr := g.Wait(); err == nil {
+		err = werr
 	}
-	return flush()
+	return err
 }
+
+// deleteParallel is how many DeleteObjects batches run at once.
+const deleteParallel = 4
 
 func (s *Store) Remove(ctx context.Context, key string) error {
 	if err := store.CheckKey(key); err != nil {
