@@ -96,7 +96,7 @@ type Workspace struct {
 	// orphansMaybe: a crashed run or a failed save may have left an
 	// artifact the index does not name (cleanOrphans). GUARDED_BY(mu).
 	orphansMaybe bool
-	members      *memberCache // archive members read for lazy fetches
+	members      *memberCache   // archive members read for lazy fetches
 	prunes       sync.WaitGroup // pruning after a save's publication
 	// view is the stat data the mount shows for restored files.
 	view StatView
