@@ -141,7 +141,7 @@ type ToolConfig struct {
 // defaults are AML's, whose readers need the same limits to load a
 // revision over them. Validate parses the texts into Limits.
 type LimitConfig struct {
-	MaxEntries          int    `key:"max-entries" usage:"most entries (files, directories, symlinks) a revision may hold; the manifest bound of 4MiB grows in proportion above the default"`
+	MaxEntries          int    `key:"max-entries" usage:"most entries (files, directories, symlinks) a revision may hold (AML's default: 100000). A folder revision's manifest.json must also fit AML's 4MiB, which holds about 30000 entries (more with short paths), and grows in proportion above the default; an archive revision has no manifest. Readers need the same limit to load such a revision"`
 	MaxBytesText        string `key:"max-bytes" usage:"most bytes of files a revision may hold (bytes, or with KiB, MiB, GiB, TiB)"`
 	MaxArchiveBytesText string `key:"max-archive-bytes" usage:"largest compressed archive revision (bytes, or with KiB, MiB, GiB, TiB)"`
 	Limits              format.Limits

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"strings"
 	"testing"
 
 	"github.com/amlfs/amlfs/amlerr"
@@ -241,5 +242,38 @@ func TestArchiveForkCopies(t *testing.T) {
 	sameTree(t, dst, files)
 	if o := forkOf(t, f, res.Entry); o == nil || o.ID != "source" || o.Revision != first.Entry.ID {
 		t.Errorf("fork record %+v", o)
+	}
+}
+
+// TestFolderManifestBoundEarly: a folder revision whose manifest.json
+// would be over AML's 4 MiB fails before anything is uploaded, naming
+// the archive format and --max-entries; the same tree saves as an
+// archive, which has no manifest.
+func TestFolderManifestBoundEarly(t *testing.T) {
+	ctx := context.Background()
+	base, src := newBase(t, "mem"), t.TempDir()
+	long := strings.Repeat("n", 240)
+	for d := range 2 {
+		dir := filepath.Join(src, fmt.Sprintf("d%d", d), long)
+		os.MkdirAll(dir, 0o755)
+		for i := range 5000 { // 10,000 entries of about 500 bytes of JSON
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s%05d", long, i)), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ops := &opCounter{ops: map[string]int{}}
+	base.mem.Fail(ops.hook)
+	w := openWS(t, base, "big", Options{})
+	_, err := w.Save(ctx, src, format.Selection{}, "")
+	if err == nil || !strings.Contains(err.Error(), string(amlerr.LimitExceeded)) || !strings.Contains(err.Error(), "--format archive") || !strings.Contains(err.Error(), "--max-entries") {
+		t.Fatalf("folder save over the manifest bound: %v", err)
+	}
+	if got := ops.take(); got["put"] != 0 {
+		t.Errorf("%d objects uploaded before the bound was checked", got["put"])
+	}
+	a := openWS(t, base, "big-archive", Options{Format: format.FormatArchive})
+	if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
+		t.Fatalf("the same tree as an archive: %v", err)
 	}
 }

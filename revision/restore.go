@@ -28,8 +28,12 @@ func (w *Workspace) manifest(ctx context.Context, e format.Entry) (*format.Manif
 		return nil, err
 	}
 	defer r.Close()
-	data, err := store.ReadAllLimited(r, int64(w.opts.Limits.ManifestBytes()), key)
+	max := w.opts.Limits.ManifestBytes()
+	data, err := store.ReadAllLimited(r, int64(max), key)
 	if err != nil {
+		if errors.Is(err, store.ErrTooLarge) {
+			return nil, amlerr.New(amlerr.LimitExceeded, key, "the manifest is over %d bytes, the bound under --max-entries %d: the revision was saved with a raised limit; mount with the same --max-entries (the bound grows in proportion above %d entries)", max, w.opts.Limits.OrDefault().Entries, format.DefaultLimits.Entries)
+		}
 		return nil, amlerr.Wrap(amlerr.InvalidStore, key, err)
 	}
 	return format.ParseManifest(key, data, w.opts.Limits)

@@ -211,6 +211,11 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	if err := w.opts.Limits.Check(w.opts.ID, len(entries), total); err != nil {
 		return entry, nil, up, err
 	}
+	if w.opts.Format == format.FormatFolder {
+		if err := w.opts.Limits.CheckManifest(entries, w.Fork()); err != nil {
+			return entry, nil, up, err
+		}
+	}
 	entry = format.Entry{ID: revID, Format: w.opts.Format, Path: format.RevisionPath(revID, w.opts.Format), CreatedAt: format.FormatCreatedAt(w.opts.Now())}
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
 	up, err = w.upload(ctx, dir, entry, entries, prog, src)

@@ -68,6 +68,20 @@ func (l Limits) ManifestBytes() int {
 // limitHint is appended to every LIMIT_EXCEEDED message.
 const limitHint = "; AML's readers need the same limit to load such a revision"
 
+// CheckManifest returns a LIMIT_EXCEEDED error, naming what to do, when
+// the manifest of a folder revision of entries (and fork, if any) would
+// be over its bound even without amlfs's stat data: before anything is
+// uploaded.
+func (l Limits) CheckManifest(entries []TreeEntry, fork *ForkOrigin) error {
+	m := NewManifest(entries)
+	if fork != nil {
+		m.Ext = &ManifestExt{Fork: fork}
+	}
+	m.DropStat()
+	_, err := m.Marshal(l)
+	return err
+}
+
 // Check returns a LIMIT_EXCEEDED error, naming the flag that raises the
 // limit, when a tree is over the limits.
 func (l Limits) Check(subject string, entries int, bytes int64) error {
@@ -465,7 +479,7 @@ func (m *Manifest) Marshal(lim Limits) ([]byte, error) {
 		return m.Marshal(lim)
 	}
 	if max := lim.ManifestBytes(); len(data) > max {
-		return nil, amlerr.New(amlerr.LimitExceeded, "manifest.json", "manifest would be %d bytes, over the %d byte limit (it grows with --max-entries%s)", len(data), max, limitHint)
+		return nil, amlerr.New(amlerr.LimitExceeded, "manifest.json", "a folder revision of %d entries needs a manifest.json of %d bytes, over AML's bound of %d: save with --format archive, which has no manifest, or raise --max-entries (the bound grows in proportion above %d entries%s)", len(m.Entries), len(data), max, DefaultLimits.Entries, limitHint)
 	}
 	return data, nil
 }

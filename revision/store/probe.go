@@ -24,7 +24,7 @@ func ReadAllLimited(r io.Reader, limit int64, what string) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s is over the %d byte limit", what, limit)
+		return nil, fmt.Errorf("%w: %s is over the %d byte limit", ErrTooLarge, what, limit)
 	}
 	return data, nil
 }

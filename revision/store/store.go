@@ -16,6 +16,9 @@ var (
 	ErrNotExist     = errors.New("not found")
 	ErrExist        = errors.New("already exists")
 	ErrPrecondition = errors.New("precondition failed: the object changed since it was read")
+	// ErrTooLarge: an object is over the bound its reader allows
+	// (ReadAllLimited).
+	ErrTooLarge = errors.New("too large")
 )
 
 // Store is one workspace's durable root: ROOT = base/seg(id). Keys are
