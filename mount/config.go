@@ -75,7 +75,7 @@ type RevisionConfig struct {
 	// From, "ID" or "ID@REV", seeds a new workspace with a revision of
 	// another one on the same store (a fork).
 	From           string   `key:"from" usage:"seed this new workspace with a revision of another one on the same store: ID or ID@REV (a fork)"`
-	Format         string   `key:"format" usage:"format of saved revisions: folder or archive"`
+	Format         string   `key:"format" usage:"format of saved revisions: archive (one object; a save after a change copies the unchanged parts on the store's side) or folder (an object per file). Default: the current revision's, archive for a new workspace"`
 	Save           string   `key:"save" usage:"on-success, always or never"`
 	Retention      int      `key:"retention" usage:"revisions kept, counting the new current one"`
 	Include        []string `key:"include" usage:"glob of paths to save and restore (repeatable)"`
@@ -152,7 +152,7 @@ type LimitConfig struct {
 func DefaultConfig() Config {
 	return Config{
 		StoreConfig:    StoreConfig{Store: DefaultStore(), S3Timeout: s3client.DefaultIOTimeout},
-		RevisionConfig: RevisionConfig{Load: "current", Format: format.FormatFolder, Save: SaveOnSuccess, Retention: 1, Restore: "lazy", Prefetch: 4, FetchTimeout: revision.DefaultFetchTimeout},
+		RevisionConfig: RevisionConfig{Load: "current", Save: SaveOnSuccess, Retention: 1, Restore: "lazy", Prefetch: 4, FetchTimeout: revision.DefaultFetchTimeout},
 		ServeConfig:    ServeConfig{Serve: DefaultServe},
 		LiveConfig:     LiveConfig{MetadataTTL: DefaultMetadataTTL},
 		CacheConfig:    CacheConfig{CacheDir: DefaultCacheDir(), CacheSizeText: "10GiB"},
@@ -290,7 +290,7 @@ func (r *RevisionConfig) Validate() error {
 		}
 	}
 	switch {
-	case r.Format != format.FormatFolder && r.Format != format.FormatArchive:
+	case r.Format != "" && r.Format != format.FormatFolder && r.Format != format.FormatArchive:
 		return invalid(r.Format, "format must be folder or archive")
 	case r.Save != SaveOnSuccess && r.Save != SaveAlways && r.Save != SaveNever:
 		return invalid(r.Save, "save must be on-success, always or never")

@@ -15,7 +15,7 @@ func TestNormalize(t *testing.T) {
 	if err := c.Normalize(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Mountpoint != "/tmp/ws" || c.Load != "current" || c.Format != "folder" || c.Save != SaveOnSuccess || c.Retention != 1 {
+	if c.Mountpoint != "/tmp/ws" || c.Load != "current" || c.Format != "" || c.Save != SaveOnSuccess || c.Retention != 1 {
 		t.Errorf("defaults: %+v", c)
 	}
 	for name, spoil := range map[string]func(*Config){

@@ -161,12 +161,16 @@ func TestSaveOnFailingStore(t *testing.T) {
 // inode numbers and ctimes it was first saved with; without one, the
 // disk's own.
 func TestViewKeepsSavedStat(t *testing.T) {
-	for _, withView := range []bool{true, false} {
-		t.Run(fmt.Sprint("view=", withView), func(t *testing.T) {
+	for _, c := range []struct {
+		withView bool
+		form     string
+	}{{true, format.FormatFolder}, {false, format.FormatFolder}, {true, format.FormatArchive}, {false, format.FormatArchive}} {
+		withView := c.withView
+		t.Run(fmt.Sprint("view=", withView, "/", c.form), func(t *testing.T) {
 			ctx := context.Background()
 			base, src := newBase(t, "mem"), t.TempDir()
 			writeTree(t, src, map[string]string{"a.txt": "a", "d/b.txt": "b"})
-			w := openWS(t, base, "v", Options{Retention: 3})
+			w := openWS(t, base, "v", Options{Retention: 3, Format: c.form})
 			first, err := w.Save(ctx, src, format.Selection{}, "")
 			if err != nil {
 				t.Fatal(err)
@@ -187,7 +191,11 @@ func TestViewKeepsSavedStat(t *testing.T) {
 			}
 			stats := func(e format.Entry) map[string]format.EntryStat {
 				out := map[string]format.EntryStat{}
-				for _, te := range readManifest(t, base, "v", e).Tree() {
+				tree, _, err := w2.Describe(ctx, e)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, te := range tree {
 					if te.Type == format.TypeFile {
 						out[te.Path] = format.EntryStat{Ino: te.Stat.Ino, Ctime: te.Stat.Ctime}
 					}

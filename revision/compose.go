@@ -27,6 +27,7 @@ type archiveJob struct {
 	fork    *format.ForkOrigin
 	// plan, if not nil, is what to reuse from the base archive.
 	plan *archivePlan
+	prog *progress // counts the files as they go into the archive
 }
 
 // archivePlan is what a save reuses of its base archive.
@@ -114,13 +115,30 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	if plan == nil {
 		plan = &archivePlan{}
 	}
+	// A kept file's stat data is what the tree shows now (through the
+	// view): the same as saved through FUSE, the disk's own natively.
+	shown := func(e format.ArchiveEntry) format.ArchiveEntry {
+		stp := plan.kept[e.Path]
+		ino, ctime := job.src.view.Saved(stp.Ino, stp.Ctime.Nano())
+		e.Stat.Ino, e.Stat.Ctime = ino, format.Mtime(ctime)
+		if e.Stat.Ino > format.MaxShownIno {
+			e.Stat.Ino, e.Stat.Ctime = 0, 0
+		}
+		return e
+	}
 	for _, r := range plan.runs {
-		if err := aw.Reuse(plan.key, r.Off, r.Len, r.Entries); err != nil {
+		es := make([]format.ArchiveEntry, len(r.Entries))
+		for i, e := range r.Entries {
+			es[i] = shown(e)
+		}
+		if err := aw.Reuse(plan.key, r.Off, r.Len, es); err != nil {
 			return out, err
 		}
 		for _, e := range r.Entries {
 			out.stamps[e.Path] = plan.kept[e.Path]
 			out.reused++
+			job.prog.bytes.Add(e.Size)
+			job.prog.fileDone()
 		}
 	}
 	for _, m := range plan.rewrite {
@@ -131,7 +149,9 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 		err = format.MemberEntries(rc, m.Entries, func(e format.ArchiveEntry, r io.Reader) error {
 			out.stamps[e.Path] = plan.kept[e.Path]
 			out.reused++
-			return aw.File(e.TreeEntry, r)
+			job.prog.bytes.Add(e.Size)
+			job.prog.fileDone()
+			return aw.File(shown(e).TreeEntry, r)
 		})
 		rc.Close()
 		if err != nil {
@@ -180,6 +200,8 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 		out.stamps[te.Path] = sp.st
 		out.uploaded++
 		out.upBytes += te.Size
+		job.prog.bytes.Add(te.Size)
+		job.prog.fileDone()
 	}
 	for _, te := range job.entries {
 		var err error
@@ -215,7 +237,7 @@ func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.
 	if err != nil {
 		w.log.Info("writing the archive whole", "op", "save", "reason", err)
 	}
-	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan}
+	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan, prog: prog}
 	if plan != nil {
 		out, err := w.stageArchive(ctx, entry, job, prog)
 		if err == nil || !errors.Is(err, store.ErrNotExist) && !errors.Is(err, store.ErrTooManyParts) {
@@ -224,6 +246,7 @@ func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.
 		w.log.Warn("the base archive could not be composed from; writing the archive whole", "op", "save", "err", err)
 		job.plan = nil
 	}
+	job.prog.reset()
 	out, err := w.stageArchive(ctx, entry, job, prog)
 	return archiveStats(entry, out), err
 }
@@ -235,7 +258,6 @@ func (w *Workspace) stageArchive(ctx context.Context, entry format.Entry, job ar
 	if err != nil {
 		return out, err
 	}
-	st.OnWritten(func(_ string, n int64) { prog.bytes.Add(n) })
 	defer func() {
 		if err != nil {
 			st.Abort(context.WithoutCancel(ctx))

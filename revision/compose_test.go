@@ -264,7 +264,7 @@ func TestFolderManifestBoundEarly(t *testing.T) {
 	}
 	ops := &opCounter{ops: map[string]int{}}
 	base.mem.Fail(ops.hook)
-	w := openWS(t, base, "big", Options{})
+	w := openWS(t, base, "big", Options{Format: format.FormatFolder})
 	_, err := w.Save(ctx, src, format.Selection{}, "")
 	if err == nil || !strings.Contains(err.Error(), string(amlerr.LimitExceeded)) || !strings.Contains(err.Error(), "--format archive") || !strings.Contains(err.Error(), "--max-entries") {
 		t.Fatalf("folder save over the manifest bound: %v", err)
@@ -276,4 +276,50 @@ func TestFolderManifestBoundEarly(t *testing.T) {
 	if _, err := a.Save(ctx, src, format.Selection{}, ""); err != nil {
 		t.Fatalf("the same tree as an archive: %v", err)
 	}
+}
+
+// TestFormatChoice: with no format given, a new workspace saves archives;
+// a workspace keeps the format of its current revision; a tree too large
+// for an archive is saved as a folder, and stays one; a format given is
+// kept, and its bound reported.
+func TestFormatChoice(t *testing.T) {
+	ctx := context.Background()
+	base, src := newBase(t, "mem"), t.TempDir()
+	writeTree(t, src, map[string]string{"a": "a"})
+	save := func(id string, opts Options) (format.Entry, error) {
+		w := openWS(t, base, id, opts)
+		defer w.Close(ctx)
+		res, err := w.Save(ctx, src, format.Selection{}, "")
+		return res.Entry, err
+	}
+	if e, err := save("new", Options{}); err != nil || e.Format != format.FormatArchive {
+		t.Fatalf("a new workspace saved %q, %v", e.Format, err)
+	}
+	if e, err := save("old", Options{Format: format.FormatFolder}); err != nil || e.Format != format.FormatFolder {
+		t.Fatalf("--format folder saved %q, %v", e.Format, err)
+	}
+	if e, err := save("old", Options{}); err != nil || e.Format != format.FormatFolder {
+		t.Fatalf("a folder workspace then saved %q, %v", e.Format, err)
+	}
+	// 64 KiB that do not compress, under a 32 KiB archive bound.
+	writeTree(t, src, map[string]string{"noise": string(randomBytes(64 << 10))})
+	lim := format.Limits{ArchiveBytes: 32 << 10}
+	if e, err := save("new", Options{Limits: lim}); err != nil || e.Format != format.FormatFolder {
+		t.Fatalf("a tree too large for an archive saved %q, %v", e.Format, err)
+	}
+	if e, err := save("new", Options{Limits: lim}); err != nil || e.Format != format.FormatFolder {
+		t.Fatalf("then saved %q, %v", e.Format, err)
+	}
+	if _, err := save("strict", Options{Limits: lim, Format: format.FormatArchive}); err == nil || !strings.Contains(err.Error(), "--max-archive-bytes") {
+		t.Fatalf("--format archive over the bound: %v", err)
+	}
+}
+
+func randomBytes(n int) []byte {
+	rng := rand.New(rand.NewPCG(uint64(n), 9))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
 }

@@ -12,7 +12,17 @@ import (
 	"testing"
 
 	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 )
+
+func mustSeg(t *testing.T, id string) string {
+	t.Helper()
+	seg, err := format.Seg(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seg
+}
 
 func inodeOf(t *testing.T, p string) uint64 {
 	t.Helper()
@@ -123,9 +133,13 @@ func TestFork(t *testing.T) {
 	})
 }
 
-// forkOf is the fork a revision of w records, from its manifest or index.
-func forkOf(t *testing.T, w *Workspace, e format.Entry) *format.ForkOrigin {
+// forkOf is the fork a revision of w (or of workspace in's, on w's
+// store) records, from its manifest or index.
+func forkOf(t *testing.T, w *Workspace, e format.Entry, in ...string) *format.ForkOrigin {
 	t.Helper()
+	if len(in) > 0 {
+		e.Path = w.store.(store.Family).Foreign(store.ForeignKey(mustSeg(t, in[0]), e.Path))
+	}
 	_, f, err := w.Describe(context.Background(), e)
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +180,8 @@ func TestForkRefusals(t *testing.T) {
 		if res.Reused != 1 || res.Uploaded != 0 {
 			t.Errorf("commit --fork of an unchanged tree: uploaded %d, reused %d", res.Uploaded, res.Reused)
 		}
-		if m := readManifest(t, base, "c", res.Entry); m.Ext == nil || m.Ext.Fork == nil || m.Ext.Fork.ID != "a" || m.Ext.Fork.Revision != a.Index().Current {
-			t.Errorf("commit --fork record: %+v", m.Ext)
+		if f := forkOf(t, a, res.Entry, "c"); f == nil || f.ID != "a" || f.Revision != a.Index().Current {
+			t.Errorf("commit --fork record: %+v", f)
 		}
 		if _, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", ""); err == nil {
 			t.Error("--fork to an existing workspace was taken")

@@ -86,3 +86,9 @@ func (pr *progressReader) Read(b []byte) (int, error) {
 	pr.p.bytes.Add(int64(n))
 	return n, err
 }
+
+// reset starts the count over (a save that tries again another way).
+func (p *progress) reset() {
+	p.files.Store(0)
+	p.bytes.Store(0)
+}

@@ -345,7 +345,7 @@ func TestBadStores(t *testing.T) {
 	good := func(t *testing.T, base testBase) string {
 		src := t.TempDir()
 		writeTree(t, src, map[string]string{"a/b.txt": "abc"})
-		w := openWS(t, base, "bad", Options{})
+		w := openWS(t, base, "bad", Options{Format: format.FormatFolder})
 		res, err := w.Save(ctx, src, format.Selection{}, "")
 		if err != nil {
 			t.Fatal(err)

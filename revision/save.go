@@ -119,6 +119,14 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		}
 		var err error
 		entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src)
+		if errors.Is(err, format.ErrArchiveTooLarge) && w.autoFormat && w.opts.Format == format.FormatArchive {
+			// The format was amlfs's choice: a tree too large for an
+			// archive is saved as a folder, whose files have no such
+			// bound, and stays one.
+			w.log.Warn("the tree is over --max-archive-bytes as an archive: saving it as a folder revision from now on", "op", "save", "err", err)
+			w.opts.Format = format.FormatFolder
+			entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src)
+		}
 		if amlerr.Code(err) == amlerr.RevisionIDConflict {
 			return SaveResult{}, err
 		} else if err != nil {

@@ -21,9 +21,13 @@ const restoreParallel = 8
 
 // Options configure a Workspace.
 type Options struct {
-	ID        string
-	Format    string // FormatFolder (default) or FormatArchive
-	Retention int    // revisions kept, counting the new current one (default 1)
+	ID string
+	// Format is FormatArchive or FormatFolder; "" chooses: the current
+	// revision's format, or an archive for a new workspace. A chosen
+	// archive that would be over its bound (Limits.ArchiveBytes) is saved
+	// as a folder instead, which the next saves then keep.
+	Format    string
+	Retention int // revisions kept, counting the new current one (default 1)
 	Limits    format.Limits
 	NoLock    bool
 	// DeadHolder, if set, reports whether the holder of a lease that is not
@@ -98,6 +102,7 @@ type Workspace struct {
 	orphansMaybe bool
 	members      *memberCache   // archive members read for lazy fetches
 	prunes       sync.WaitGroup // pruning after a save's publication
+	autoFormat   bool           // Options.Format was "": chosen here
 	// view is the stat data the mount shows for restored files.
 	view StatView
 	// fork, until the first save publishes, names the revision of
@@ -189,10 +194,7 @@ func (w *Workspace) staleBase() error {
 // Open takes the lease (unless NoLock) and loads the index. A store with no
 // index is a new workspace; any other problem is an error.
 func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, error) {
-	if opts.Format == "" {
-		opts.Format = format.FormatFolder
-	}
-	if opts.Format != format.FormatFolder && opts.Format != format.FormatArchive {
+	if opts.Format != "" && opts.Format != format.FormatFolder && opts.Format != format.FormatArchive {
 		return nil, amlerr.New(amlerr.InvalidConfig, opts.Format, "format must be folder or archive")
 	}
 	if opts.Retention < 1 {
@@ -224,6 +226,15 @@ func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, err
 	if err := w.reload(ctx); err != nil {
 		w.Close(ctx)
 		return nil, err
+	}
+	if w.opts.Format == "" {
+		w.autoFormat = true
+		w.opts.Format = format.FormatArchive
+		if w.index != nil {
+			if e, ok := w.index.Resolve("current"); ok {
+				w.opts.Format = e.Format
+			}
+		}
 	}
 	return w, nil
 }

@@ -221,7 +221,7 @@ func revisionsCommand() *cli.Command {
 				Flags: append(revisionFlags(),
 					append(pick(storeWriterFlags(), writerKeys...),
 						&cli.IntFlag{Name: "retention", Value: 1, Usage: "revisions kept, counting the new current one"},
-						&cli.StringFlag{Name: "format", Value: "folder"},
+						&cli.StringFlag{Name: "format", Usage: "format of the new revision: archive or folder (default: the current revision's)"},
 						&cli.StringFlag{Name: "cache-dir", DefaultText: "$XDG_CACHE_HOME/amlfs"})...,
 				),
 				Action: func(c *cli.Context) error {

@@ -21,11 +21,19 @@ type countingWriter struct {
 
 func (c *countingWriter) Write(p []byte) (int, error) {
 	if c.n+int64(len(p)) > c.limit {
-		return 0, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", c.limit, limitHint)
+		return 0, archiveTooLarge(c.limit)
 	}
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// ErrArchiveTooLarge is wrapped by the LIMIT_EXCEEDED error of an archive
+// over Limits.ArchiveBytes.
+var ErrArchiveTooLarge = errors.New("archive over its bound")
+
+func archiveTooLarge(limit int64) error {
+	return amlerr.Wrap(amlerr.LimitExceeded, "archive", fmt.Errorf("%w: over %d bytes (raise it with --max-archive-bytes, or save with --format folder%s)", ErrArchiveTooLarge, limit, limitHint))
 }
 
 // archiveName turns a tar member name into a revision path: "" for the root,
@@ -61,7 +69,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n += int64(n)
 	if l.n > l.limit {
-		return n, amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", l.limit, limitHint)
+		return n, archiveTooLarge(l.limit)
 	}
 	return n, err
 }

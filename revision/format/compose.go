@@ -174,7 +174,7 @@ func (c *ComposeWriter) Reuse(key string, off, n int64, entries []ArchiveEntry) 
 		}
 	}
 	if c.w.n+n > c.w.limit {
-		return amlerr.New(amlerr.LimitExceeded, "archive", "archive exceeds %d bytes (raise it with --max-archive-bytes%s)", c.w.limit, limitHint)
+		return archiveTooLarge(c.w.limit)
 	}
 	at := c.w.n
 	if err := cp.CopyRange(key, off, n); err != nil {
