@@ -21,11 +21,12 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 )
 
-// Lazy restore. A folder revision restored lazily becomes a tree of
-// placeholders: every directory, and every file at its final size and mode
-// but with no bytes yet (sparse), marked with the xattr PendingXattr
-// holding the store key of its bytes. The mount is ready as soon as the
-// manifest is read. A file's bytes are fetched into its placeholder, in
+// Lazy restore. A folder revision, or an archive with amlfs's index,
+// restored lazily becomes a tree of placeholders: every directory, and
+// every file at its final size and mode but with no bytes yet (sparse),
+// marked with the xattr PendingXattr holding the key of its bytes (a
+// folder's object, or an archive's member: memberKey). The mount is ready as soon as the
+// manifest or index is read. A file's bytes are fetched into its placeholder, in
 // place (the inode stays), the first time anything opens it, truncates it
 // or saves it, and by a bounded background prefetch. Only when the bytes
 // are written and fsync'd is the xattr removed, so after a crash the next

@@ -28,10 +28,10 @@ import (
 // one create per file.
 //
 // A directory whose placeholders are not made yet carries PendingDirXattr(),
-// holding the path of the folder revision it comes from and, after a NUL,
-// the directory's manifest path (it may have moved since); its
-// placeholders' keys are the revision path plus "files/" plus their
-// manifest paths.
+// holding the path of the revision it comes from (a folder, or an archive
+// with amlfs's index) and, after a NUL, the directory's path in that
+// revision (it may have moved since); its placeholders' keys are derived
+// from their paths (fileKeys).
 // The marker is removed only once every placeholder is in place, so after a
 // crash the next mount finds exactly the directories still to populate.
 // Nothing but population ever creates an entry in a marked directory,

@@ -351,7 +351,7 @@ func WriteIndexMember(w io.Writer, x *ArchiveIndex, at int64) error {
 		return err
 	}
 	var z bytes.Buffer
-	fw, _ := flate.NewWriter(&z, flate.BestCompression)
+	fw, _ := flate.NewWriter(&z, flate.DefaultCompression)
 	fw.Write(data)
 	if err := fw.Close(); err != nil {
 		return err

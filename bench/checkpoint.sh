@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# checkpoint.sh: what a checkpoint costs, per step, in time and in store
+# requests (counted by operation from versitygw's --access-log), for
+# trees of 4 KiB files in directories of 100, in one run:
+#   first save, a save after changing one file, a save with no change,
+#   a fork's first save (commit --fork), the prune of one revision
+#   (after publication, in the background: its requests only), a lazy
+#   mount-ready on a fresh cache dir, reading 2,000 files after it, and a
+#   full restore.
+# Every combination of SIZES, FORMATS (archive folder), STORES (s3 file)
+# and SERVES (fuse native); the references, in the same run: `tar -czf`
+# of the tree (first save), `tar -x` of the same tree of empty files
+# (a native lazy mount makes every placeholder up front), and on S3
+# `rclone sync` of the tree and of a one-file change.
+# Needs root (FUSE, native serving) and versitygw (AMLFS_VERSITYGW);
+# installs awscli and rclone from Debian if missing.
+#
+#   SIZES="10000" FORMATS=archive STORES=s3 SERVES=fuse bash bench/checkpoint.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZES=${SIZES:-"10000 100000"}
+FORMATS=${FORMATS:-"archive folder"}
+STORES=${STORES:-"s3 file"}
+SERVES=${SERVES:-"fuse native"}
+WORK=${BENCH_DIR:-/var/tmp/amlfs-checkpoint}
+. bench/common.sh
+[ -x /usr/bin/rclone ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone >/dev/null
+cleanup() {
+  for m in "$WORK"/m*; do "$AM" unmount --no-save "$m" >/dev/null 2>&1 || true; done
+  kill $VPID 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+sleep 1
+settle() { sync; sleep 1; }
+ready() { # ready DIR SERVE: the mount is there, or the run stops
+  if [ "$2" = native ]; then mounted_native "$1" "amlfs native" "$AM"; else mounted "$1" amlfs; fi
+}
+ROWS=()
+row() { ROWS+=("| $1 | $2 | $3 | $4 | $5 |"); }
+
+for n in $SIZES; do
+  src="$WORK/src$n"
+  python3 - "$src" "$n" <<'PY'
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(root, "d%04d" % (i // 100))
+    if i % 100 == 0:
+        os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%02d" % (i % 100)), "wb") as f:
+        f.write(os.urandom(4096))
+PY
+  settle; t=$(now); tar -czf "$WORK/ref.tgz" -C "$src" .; TARC=$(since $t)
+  row "$n files" "reference: tar -czf of the tree" "$TARC" - -
+  find "$src" -type f -printf '%P\n' > "$WORK/list"
+  # The same tree of empty files, as a native lazy mount makes it.
+  rm -rf "$WORK/emptysrc"
+  python3 - "$src" "$WORK/emptysrc" <<'PY'
+import os, sys
+src, dst = sys.argv[1], sys.argv[2]
+for d, _, files in os.walk(src):
+    t = os.path.join(dst, os.path.relpath(d, src))
+    os.makedirs(t, exist_ok=True)
+    for f in files:
+        open(os.path.join(t, f), "wb").close()
+PY
+  tar -cf "$WORK/empty.tar" -C "$WORK/emptysrc" .
+  rm -rf "$WORK/x"; mkdir "$WORK/x"; settle; t=$(now); tar -xf "$WORK/empty.tar" -C "$WORK/x"; TARX=$(since $t)
+  row "$n files" "reference: tar -x of the same tree of empty files" "$TARX" - -
+  rm -rf "$WORK/x" "$WORK/emptysrc"
+  # rclone sync to S3, the tree then a one-file change.
+  export RCLONE_CONFIG_B_TYPE=s3 RCLONE_CONFIG_B_PROVIDER=Other RCLONE_CONFIG_B_ENDPOINT=$EP \
+    RCLONE_CONFIG_B_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID RCLONE_CONFIG_B_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY RCLONE_CONFIG_B_FORCE_PATH_STYLE=true
+  if [[ " $STORES " == *" s3 "* ]]; then
+    mark; settle; t=$(now); env -u AWS_CA_BUNDLE rclone sync -q "$src" "B:bkt/rclone$n"; T=$(since $t); row "$n files" "reference: rclone sync of the tree" "$T" "$(reqs)" -
+    cp "$src/d0042/f07" "$WORK/keep"; echo changed > "$src/d0042/f07"
+    mark; settle; t=$(now); env -u AWS_CA_BUNDLE rclone sync -q "$src" "B:bkt/rclone$n"; T=$(since $t); row "$n files" "reference: rclone sync after a one-file change" "$T" "$(reqs)" -
+    cp "$WORK/keep" "$src/d0042/f07"
+  fi
+  for store in $STORES; do
+    if [ "$store" = s3 ]; then SA=(--store s3://bkt/ck --s3-endpoint "$EP" --s3-path-style); else SA=(--store "file://$WORK/store"); fi
+    for fmt in $FORMATS; do
+      for serve in $SERVES; do
+        id="w$n-$fmt-$serve"; tag="$n files, $fmt, $store, $serve"
+        m="$WORK/m-$id"; c=0
+        "$AM" mount --daemon "$m" "${SA[@]}" --id "$id" --format "$fmt" --serve "$serve" --load none --cache-dir "$WORK/c-$id-$c" >/dev/null 2>&1
+        ready "$m" "$serve"
+        cp -a "$src/." "$m/"
+        step() { # step NAME TARGET COMMAND...: time it, count its requests
+          local name=$1 target=$2; shift 2
+          settle; mark; local t; t=$(now); "$@" >/dev/null; local T; T=$(since $t)
+          local r="-"; [ "$store" = s3 ] && r=$(reqs)
+          row "$tag" "$name" "$T" "$r" "$target"
+          LAST=$T
+        }
+        step "first save" "<= 1.5x tar -czf ($TARC s), <= 100 requests" "$AM" commit "$m"
+        FIRST=$LAST
+        row "$tag" "first save / tar -czf" "$(printf '%.2fx' "$(ratio $FIRST $TARC)")" - "<= 1.5x"
+        echo changed > "$m/d0042/f07"
+        step "save after a one-file change" "<= 10 requests" "$AM" commit "$m"
+        sleep 2  # the prune of the previous revision runs after the save returns
+        if [ "$store" = s3 ]; then row "$tag" "prune of one revision (after the save returned)" - "$(tail -c +$((MARK + 1)) "$WORK/access.log" | grep -c ' s3_Delete' || true) deletes" "1 request"; fi
+        step "save with no change" - "$AM" commit "$m"
+        step "fork's first save (commit --fork)" "<= 5 requests" "$AM" commit --fork "$id-fork" "$m"
+        "$AM" unmount --no-save "$m" >/dev/null
+        c=1; ml="$m-lazy"
+        step "lazy mount-ready, fresh cache dir" "fuse: >= 10x faster than full; native: <= 2x tar -x ($TARX s)" \
+          "$AM" mount --daemon "$ml" "${SA[@]}" --id "$id" --serve "$serve" --prefetch 0 --no-lock --cache-dir "$WORK/c-$id-$c"
+        LAZY=$LAST
+        ready "$ml" "$serve"
+        shuf -n 2000 --random-source=<(yes) "$WORK/list" > "$WORK/read"
+        step "read 2,000 files after the lazy mount" - sh -c "cd '$ml' && xargs cat < '$WORK/read' > /dev/null"
+        "$AM" unmount --no-save "$ml" >/dev/null
+        c=2; mf="$m-full"
+        step "full restore, fresh cache dir" - "$AM" mount --daemon "$mf" "${SA[@]}" --id "$id" --serve "$serve" --restore full --no-lock --cache-dir "$WORK/c-$id-$c"
+        FULL=$LAST
+        ready "$mf" "$serve"
+        "$AM" unmount --no-save "$mf" >/dev/null
+        if [ "$serve" = fuse ]; then
+          row "$tag" "lazy mount-ready / full restore" "$(printf '%.1fx faster' "$(ratio $FULL $LAZY)")" - ">= 10x"
+        else
+          row "$tag" "lazy mount-ready / tar -x of empty files" "$(printf '%.2fx' "$(ratio $LAZY $TARX)")" - "<= 2x"
+        fi
+      done
+    done
+  done
+  rm -rf "$src"
+done
+
+printf '\ncheckpoint: versitygw %s on loopback, kernel %s, %s cores\n\n' "$("$VGW" --version 2>/dev/null | head -1 | awk '{print $NF}')" "$(uname -r)" "$(nproc)"
+printf '| tree | step | seconds | requests | target |\n|---|---|---|---|---|\n'
+printf '%s\n' "${ROWS[@]}"
