@@ -149,6 +149,7 @@ func TestRevisionEntries(t *testing.T) { forEachStore(t, testRevisionEntries) }
 
 func testRevisionEntries(t *testing.T, newEnv func(*testing.T) *env) {
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	mp := e.mount("ents")
 	specialTree(t, mp)
 	r := e.unmount(mp)

@@ -114,6 +114,7 @@ func (e *env) currentRevision(id string) string {
 // everything works again.
 func TestFaultsWorkspaceS3(t *testing.T) {
 	e, px := faultyS3Env(t)
+	e.folder() // the faults target a file's object
 	mp := e.mount("faulty")
 	want := fileSet(t, mp, "base")
 	if r := e.unmount(mp); r.code != 0 {
@@ -173,6 +174,7 @@ func TestFaultsWorkspaceS3(t *testing.T) {
 // completes.
 func TestFaultsStalledUpload(t *testing.T) {
 	e, px := faultyS3Env(t)
+	e.folder() // the faults target a file's object
 	mp := e.mount("stall")
 	want := fileSet(t, mp, "d")
 	f := &fault{kind: faultStall, match: putTo("/files/d/f5"), limit: 1}
@@ -219,6 +221,7 @@ func TestKillDuringSave(t *testing.T) {
 	steps := []string{"upload", "publish", "prune"}
 	t.Run("file", func(t *testing.T) {
 		e := newEnv(t)
+		e.folder() // a test of the folder layout
 		g := mountGateFS(t)
 		e.storeD = g.dir
 		e.store = "file://" + g.dir
@@ -237,6 +240,7 @@ func TestKillDuringSave(t *testing.T) {
 	})
 	t.Run("s3", func(t *testing.T) {
 		e, px := faultyS3Env(t)
+		e.folder() // the faults target a file's object
 		matches := map[string]func(r *http.Request) bool{
 			"upload":  putTo("/files/step/f4"),
 			"publish": putTo("/workspace.json"),

@@ -96,6 +96,7 @@ func TestS3Forks(t *testing.T) {
 	}
 	phase("base moved on")
 	other := newS3EnvAt(t, srv, e.prefix)
+	other.folder() // a test of the folder layout
 	other.storeArgs = e.storeArgs
 	for _, i := range []int{0, 5, 7} {
 		id := fmt.Sprintf("fork%d", i)
@@ -121,6 +122,7 @@ func TestS3Forks(t *testing.T) {
 // workspace, or of itself, is refused.
 func TestCommitFork(t *testing.T) {
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	mp := e.mount("main")
 	sh(t, mp, `mkdir -p src && for f in $(seq 0 49); do echo $f > src/f$f; done`)
 	r := e.amlfs("commit", mp)

@@ -154,6 +154,14 @@ func (e *env) amlfs(args ...string) result {
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
 
+// folder makes the env's commands save folder revisions unless told
+// otherwise (AMLFS_FORMAT): for tests of the folder layout itself (they
+// read or remove a file's object), where the default is an archive.
+func (e *env) folder() *env {
+	e.extraEnv = append(e.extraEnv, "AMLFS_FORMAT=folder")
+	return e
+}
+
 func (e *env) wsArgs(id string, extra ...string) []string {
 	args := append([]string{"--store", e.store, "--id", id, "--cache-dir", e.cache}, e.storeArgs...)
 	return append(args, extra...)

@@ -148,6 +148,7 @@ func TestS3IncrementalSave(t *testing.T) {
 		t.Fatalf("unmount: %s", r)
 	}
 	other := newS3EnvAt(t, srv, e.prefix)
+	other.folder() // a test of the folder layout
 	mp2 := other.mount("inc")
 	if got := readFile(t, filepath.Join(mp2, "d12", "f7.txt")); got != payload {
 		t.Errorf("changed file restored as %d bytes", len(got))

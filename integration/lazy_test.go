@@ -42,6 +42,7 @@ func TestS3LazyRestore(t *testing.T) {
 
 	// Another host mounts with no prefetch: only the manifest is read.
 	other := newS3EnvAt(t, srv, e.prefix)
+	other.folder() // a test of the folder layout
 	other.storeArgs = e.storeArgs
 	proxy.reset()
 	start := time.Now()

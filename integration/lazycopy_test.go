@@ -90,6 +90,7 @@ func TestStalledStoreBounded(t *testing.T) {
 	for _, serve := range []string{"fuse", "native"} {
 		t.Run(serve, func(t *testing.T) {
 			e, px := faultyS3Env(t)
+			e.folder() // the faults target a file's object
 			if serve == "native" {
 				needNative(t, e)
 			}

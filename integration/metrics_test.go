@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // scrape reads a Prometheus text exposition into name{labels} -> value.
@@ -96,14 +97,29 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("workspace_dirty after a write = %v", got)
 	}
 
-	// status --json: the same names, the same counts.
-	var st struct{ Metrics map[string]float64 }
-	r := l.amlfs("status", mp, "--json")
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("status: %v\n%s", err, r)
+	// status --json: the same names, the same counts, once the live
+	// mount's background uploads (which count as PutObject too) are done.
+	var st struct {
+		Metrics map[string]float64
+		Mounts  []struct{ Pending int }
 	}
-	now := scrape(t, url)
-	for _, key := range []string{`amlfs_saves_total{result="published"}`, `amlfs_s3_requests_total{op="PutObject",status="200"}`, `amlfs_lock_state{state="held"}`} {
+	keys := []string{`amlfs_saves_total{result="published"}`, `amlfs_s3_requests_total{op="PutObject",status="200"}`, `amlfs_lock_state{state="held"}`}
+	var now map[string]float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r := l.amlfs("status", mp, "--json")
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+			t.Fatalf("status: %v\n%s", err, r)
+		}
+		now = scrape(t, url)
+		same := true
+		for _, key := range keys {
+			same = same && st.Metrics[key] == now[key]
+		}
+		if same || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, key := range keys {
 		if st.Metrics[key] != now[key] || now[key] == 0 {
 			t.Errorf("status says %s = %v, /metrics says %v", key, st.Metrics[key], now[key])
 		}

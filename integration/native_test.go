@@ -193,6 +193,7 @@ func checkTree(t *testing.T, mp string, want map[string][]byte) {
 // store makes the reader wait for the right bytes.
 func TestNativeStoreFails(t *testing.T) {
 	e, px := faultyS3Env(t)
+	e.folder() // the faults target a file's object
 	want, _, mp2 := lazyNative(t, e)
 	files := func(r *http.Request) bool { return isGet(r) && strings.Contains(r.URL.Path, "/files/") }
 	px.set(&fault{kind: faultLatency, match: files, delay: 2 * time.Second})

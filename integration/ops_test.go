@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // TestRevisionsDiff checks `amlfs revisions diff` on a known pair of
@@ -67,6 +70,7 @@ func TestFstab(t *testing.T) {
 	}
 	t.Cleanup(func() { os.Remove(helper) })
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	run := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(args[0], args[1:]...)
@@ -124,6 +128,28 @@ func (e *env) revisionFile(t *testing.T, id, rel string) string {
 	t.Helper()
 	idx := readIndex(t, e, id)
 	cur, _ := idx.Find(idx.Current)
+	if cur.Format == format.FormatArchive {
+		// Read as AML's archive reader would: the tar stream.
+		f, err := os.Open(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var got *string
+		_, err = format.ReadArchive(f, cur.Path, format.DefaultLimits, func(te format.TreeEntry, r io.Reader) error {
+			if te.Path == rel && r != nil {
+				b, err := io.ReadAll(r)
+				s := string(b)
+				got = &s
+				return err
+			}
+			return nil
+		})
+		if err != nil || got == nil {
+			t.Fatalf("%s in %s: %v", rel, cur.Path, err)
+		}
+		return *got
+	}
 	data, err := os.ReadFile(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path), "files", filepath.FromSlash(rel)))
 	if err != nil {
 		t.Fatal(err)

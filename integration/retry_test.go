@@ -57,6 +57,7 @@ func TestS3LostWriteResponse(t *testing.T) {
 		t.Run(strings.TrimPrefix(suffix, "/"), func(t *testing.T) {
 			srv := startS3(t, false)
 			e := newS3Env(t, srv)
+			e.folder() // a test of the folder layout
 			endpoint, dropped := lostResponseProxy(t, srv.endpoint, suffix)
 			e.storeArgs = []string{"--s3-endpoint", endpoint, "--s3-path-style"}
 			mp := e.mount("lost-response")

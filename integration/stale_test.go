@@ -102,6 +102,7 @@ func TestSaveWithoutItsBase(t *testing.T) { forEachStore(t, testSaveWithoutItsBa
 
 func testSaveWithoutItsBase(t *testing.T, newEnv func(*testing.T) *env) {
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	mp := e.mount("nobase")
 	sh(t, mp, "echo seed > seed.txt && echo keep > keep.txt")
 	r := e.amlfs("commit", mp)
@@ -132,6 +133,7 @@ func TestPlaceholderWithoutItsBase(t *testing.T) { forEachStore(t, testPlacehold
 
 func testPlaceholderWithoutItsBase(t *testing.T, newEnv func(*testing.T) *env) {
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	mp := e.mount("gone")
 	sh(t, mp, "echo one > one.txt && echo two > two.txt")
 	r := e.unmount(mp)

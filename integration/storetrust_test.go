@@ -14,6 +14,7 @@ import (
 // make a save's orphan cleanup delete what is there.
 func TestFileStoreNoSymlinks(t *testing.T) {
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	secret := filepath.Join(t.TempDir(), "secret")
 	must(t, os.WriteFile(secret, []byte("S\n"), 0o600)) // as long as x: a size check alone does not catch it
 	mp := e.mount("planted")
@@ -42,6 +43,7 @@ func TestFileStoreNoSymlinks(t *testing.T) {
 	outside := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(outside, "victim"), []byte("v"), 0o644))
 	e2 := newEnv(t)
+	e2.folder() // a test of the folder layout
 	mp = e2.mount("planted2")
 	sh(t, mp, "echo y > y")
 	if r := e2.amlfs("commit", mp); r.code != 0 {
@@ -62,6 +64,7 @@ func TestFileStoreNoSymlinks(t *testing.T) {
 // 0700, and an object has no more than its file's owner bits.
 func TestFileStoreKeepsPrivacy(t *testing.T) {
 	e := newEnv(t)
+	e.folder() // a test of the folder layout
 	mp := e.mount("private")
 	sh(t, mp, "echo key > server.key && chmod 600 server.key && echo pub > pub.txt && echo : > run.sh && chmod 755 run.sh")
 	r := e.unmount(mp)
