@@ -21,6 +21,7 @@ import (
 // after the source has moved on and pruned the revision they came from.
 func TestS3Forks(t *testing.T) {
 	srv, proxy, e := proxiedS3Env(t)
+	e.folder() // counts requests for each file's object
 	start := time.Now()
 	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	mp := e.mount("base")

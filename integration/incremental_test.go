@@ -100,6 +100,7 @@ func proxiedS3Env(t *testing.T) (*s3Server, *countingProxy, *env) {
 // the same with 10,000 files.
 func TestS3IncrementalSave(t *testing.T) {
 	srv, proxy, e := proxiedS3Env(t)
+	e.folder() // counts requests for each file's object
 	mp := e.mount("inc")
 	const n = 2000
 	sh(t, mp, fmt.Sprintf(`for d in $(seq 0 %d); do mkdir d$d; for f in $(seq 0 99); do echo "file $d/$f" > d$d/f$f.txt; done; done; test $(find . -type f | wc -l) = %d`, n/100-1, n))

@@ -19,6 +19,7 @@ import (
 // bytes, fetched on first open.
 func TestS3LazyRestore(t *testing.T) {
 	srv, proxy, e := proxiedS3Env(t)
+	e.folder() // counts requests for each file's object
 	mp := e.mount("lazy")
 	// 100 dirs x 100 files of 20 KB each = 200 MB, written from here
 	// rather than by a process per file, with their digests.

@@ -32,8 +32,10 @@ func (s *Store) ReadRange(ctx context.Context, key string, off, n int64) (io.Rea
 	}
 	in := &s3.GetObjectInput{Bucket: &s.Bucket, Key: aws.String(s.key(key))}
 	if off < 0 {
+		// A suffix (an archive's index): the answer says the object's
+		// size; a body cut short is asked for again by offset, which
+		// resumes (s3client.Get).
 		in.Range = aws.String("bytes=-" + strconv.FormatInt(n, 10))
-		// A suffix is small (an index): read with no resuming.
 		out, err := s.Client.GetObject(ctx, in)
 		if err != nil {
 			return nil, 0, s.wrap("get", s.key(key), err)
@@ -43,7 +45,16 @@ func (s *Store) ReadRange(ctx context.Context, key string, off, n int64) (io.Rea
 			out.Body.Close()
 			return nil, 0, s.wrap("get", s.key(key), err)
 		}
-		return out.Body, size, nil
+		want := min(n, size)
+		data, rerr := store.ReadAllLimited(out.Body, want, key)
+		out.Body.Close()
+		if rerr == nil && int64(len(data)) == want {
+			return io.NopCloser(bytes.NewReader(data)), size, nil
+		}
+		if want == 0 {
+			return io.NopCloser(bytes.NewReader(nil)), size, nil
+		}
+		off, n = size-want, want
 	}
 	in.Range = aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))
 	out, err := s3client.Get(ctx, s.Client, in)
