@@ -2,6 +2,7 @@ package revision
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -79,16 +80,20 @@ func (w *Workspace) openFileBytes(ctx context.Context, key string) (io.ReadClose
 	}
 	if e.MemberLen <= maxCachedMember {
 		// A member of small files: its neighbours are likely read next
-		// (a checkout, a build, a prefetch), so it is kept a while.
+		// (a checkout, a build, a prefetch), so it is kept, decompressed,
+		// a while. A member that inflates past the bound is read as a
+		// stream.
 		data, err := w.members.get(ctx, w.store, archive, e.Member, e.MemberLen)
-		if err != nil {
+		if err == nil {
+			r, err := format.EntryInTar(bytes.NewReader(data), e)
+			if err != nil {
+				return nil, err
+			}
+			return io.NopCloser(r), nil
+		}
+		if !errors.Is(err, errMemberLarge) {
 			return nil, err
 		}
-		r, err := format.EntryIn(bytes.NewReader(data), e)
-		if err != nil {
-			return nil, err
-		}
-		return io.NopCloser(r), nil
 	}
 	rc, _, err := w.store.ReadRange(ctx, archive, e.Member, e.MemberLen)
 	if err != nil {
@@ -105,15 +110,20 @@ func (w *Workspace) openFileBytes(ctx context.Context, key string) (io.ReadClose
 	}{r, rc}, nil
 }
 
-// Archive members of at most maxCachedMember bytes are kept, up to
-// cachedMembers of them, while the files they hold are fetched.
+// Archive members of at most maxCachedMember bytes, inflating to at most
+// maxInflatedMember, are kept decompressed, up to cachedMembers of them,
+// while the files they hold are fetched.
 const (
-	maxCachedMember = 1 << 20
-	cachedMembers   = 32
+	maxCachedMember   = 1 << 20
+	maxInflatedMember = 2 << 20
+	cachedMembers     = 32
 )
 
-// memberCache keeps recently read archive members (compressed), and reads
-// each once however many fetches want it at the same time.
+// errMemberLarge: a member inflates past maxInflatedMember.
+var errMemberLarge = errors.New("the member inflates past the cache's bound")
+
+// memberCache keeps recently read archive members, decompressed, and
+// reads each once however many fetches want it at the same time.
 type memberCache struct {
 	lru *lru.Cache[string, []byte]
 	sf  singleflight.Group
@@ -141,6 +151,18 @@ func (c *memberCache) get(ctx context.Context, s store.Store, archive string, of
 		}
 		if int64(len(data)) != n {
 			return nil, amlerr.New(amlerr.InvalidStore, archive, "a member of %d bytes at %d: the archive is shorter", n, off)
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, amlerr.New(amlerr.InvalidStore, archive, "the member at %d is not gzip: %v", off, err)
+		}
+		zr.Multistream(false)
+		data, err = io.ReadAll(io.LimitReader(zr, maxInflatedMember+1))
+		if err != nil {
+			return nil, amlerr.New(amlerr.InvalidStore, archive, "the member at %d: %v", off, err)
+		}
+		if len(data) > maxInflatedMember {
+			return nil, errMemberLarge
 		}
 		c.lru.Add(k, data)
 		return data, nil

@@ -529,11 +529,20 @@ func OpenEntry(ra io.ReaderAt, e ArchiveEntry) (io.Reader, error) {
 
 // EntryIn is OpenEntry from the bytes of e's member alone.
 func EntryIn(member io.Reader, e ArchiveEntry) (io.Reader, error) {
+	return entry(member, e, MemberEntries)
+}
+
+// EntryInTar is OpenEntry from e's member decompressed.
+func EntryInTar(stream io.Reader, e ArchiveEntry) (io.Reader, error) {
+	return entry(stream, e, TarEntries)
+}
+
+func entry(r io.Reader, e ArchiveEntry, read func(io.Reader, []ArchiveEntry, func(ArchiveEntry, io.Reader) error) error) (io.Reader, error) {
 	if e.Type != TypeFile {
 		return nil, amlerr.New(amlerr.InvalidStore, e.Path, "archive member: not a file")
 	}
 	var out io.Reader
-	err := MemberEntries(member, []ArchiveEntry{e}, func(_ ArchiveEntry, r io.Reader) error {
+	err := read(r, []ArchiveEntry{e}, func(_ ArchiveEntry, r io.Reader) error {
 		out = r
 		return errStop
 	})
@@ -555,15 +564,20 @@ func MemberEntries(member io.Reader, es []ArchiveEntry, each func(e ArchiveEntry
 	if len(es) == 0 {
 		return nil
 	}
+	zr, err := gzip.NewReader(member)
+	if err != nil {
+		return amlerr.New(amlerr.InvalidStore, es[0].Path, "archive member: not gzip: %v", err)
+	}
+	zr.Multistream(false)
+	return TarEntries(zr, es, each)
+}
+
+// TarEntries is MemberEntries from a member's decompressed tar stream.
+func TarEntries(stream io.Reader, es []ArchiveEntry, each func(e ArchiveEntry, r io.Reader) error) error {
 	bad := func(p string, format string, args ...any) error {
 		return amlerr.New(amlerr.InvalidStore, p, "archive member: "+format, args...)
 	}
-	zr, err := gzip.NewReader(member)
-	if err != nil {
-		return bad(es[0].Path, "not gzip: %v", err)
-	}
-	zr.Multistream(false)
-	cr := &countingReader{r: zr}
+	cr := &countingReader{r: stream}
 	tr := tar.NewReader(cr)
 	for len(es) > 0 {
 		e := es[0]
