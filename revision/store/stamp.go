@@ -93,6 +93,18 @@ func readOnce(f *os.File, leased bool, read func(size int64) error) (Stamp, bool
 		if again, err := FileStamp(f); err != nil || again != before || h2 != h1 {
 			return Stamp{}, false, err
 		}
+		// A writer that holds the file open may be inside one long
+		// write, preempted: the bytes are torn yet hold still while
+		// they are hashed twice. Once more after a pause, so that it
+		// would have to stay preempted through that too.
+		time.Sleep(stableWait)
+		h3, err := hashPrefix(f, int64(before.Size))
+		if err != nil {
+			return Stamp{}, false, err
+		}
+		if again, err := FileStamp(f); err != nil || again != before || h3 != h1 {
+			return Stamp{}, false, err
+		}
 	}
 	return before, rerr == nil, rerr
 }
