@@ -140,17 +140,9 @@ func (c *memberCache) get(ctx context.Context, s store.Store, archive string, of
 		return data, nil
 	}
 	v, err, _ := c.sf.Do(k, func() (any, error) {
-		rc, _, err := s.ReadRange(ctx, archive, off, n)
+		data, err := readExactly(ctx, s, archive, off, n)
 		if err != nil {
 			return nil, err
-		}
-		defer rc.Close()
-		data, err := store.ReadAllLimited(rc, n, archive)
-		if err != nil {
-			return nil, err
-		}
-		if int64(len(data)) != n {
-			return nil, amlerr.New(amlerr.InvalidStore, archive, "a member of %d bytes at %d: the archive is shorter", n, off)
 		}
 		zr, err := gzip.NewReader(bytes.NewReader(data))
 		if err != nil {
@@ -201,17 +193,9 @@ func (w *Workspace) archiveIndex(ctx context.Context, key string) (*format.Archi
 	if at := size - int64(len(tail)); off >= at {
 		members = tail[off-at : off-at+n]
 	} else {
-		rc, _, err := w.store.ReadRange(ctx, key, off, n)
-		if err != nil {
+		var err error
+		if members, err = readExactly(ctx, w.store, key, off, n); err != nil {
 			return nil, err
-		}
-		members, err = store.ReadAllLimited(rc, n, key)
-		rc.Close()
-		if err != nil {
-			return nil, err
-		}
-		if int64(len(members)) != n {
-			return nil, amlerr.New(amlerr.InvalidStore, key, "its index is cut short")
 		}
 	}
 	x, err := format.ParseIndexMember(members, size, w.opts.Limits)
@@ -219,6 +203,24 @@ func (w *Workspace) archiveIndex(ctx context.Context, key string) (*format.Archi
 		return nil, amlerr.Wrap(amlerr.InvalidStore, key, err)
 	}
 	return x, nil
+}
+
+// readExactly reads the n bytes at off of the object key with one ranged
+// read; fewer is INVALID_STORE.
+func readExactly(ctx context.Context, s store.Store, key string, off, n int64) ([]byte, error) {
+	rc, _, err := s.ReadRange(ctx, key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	data, err := store.ReadAllLimited(rc, n, key)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) != n {
+		return nil, amlerr.New(amlerr.InvalidStore, key, "%d bytes at %d: the archive is shorter", n, off)
+	}
+	return data, nil
 }
 
 // pieceWriter is the Copier a composed archive is written to: written

@@ -36,18 +36,13 @@ func (s *Store) ReadRange(ctx context.Context, key string, off, n int64) (io.Rea
 		// size; a body cut short is asked for again by offset, which
 		// resumes (s3client.Get).
 		in.Range = aws.String("bytes=-" + strconv.FormatInt(n, 10))
-		out, err := s.Client.GetObject(ctx, in)
+		body, size, err := s.getRange(ctx, in, false)
 		if err != nil {
-			return nil, 0, s.wrap("get", s.key(key), err)
-		}
-		size, err := totalSize(out)
-		if err != nil {
-			out.Body.Close()
-			return nil, 0, s.wrap("get", s.key(key), err)
+			return nil, 0, err
 		}
 		want := min(n, size)
-		data, rerr := store.ReadAllLimited(out.Body, want, key)
-		out.Body.Close()
+		data, rerr := store.ReadAllLimited(body, want, key)
+		body.Close()
 		if rerr == nil && int64(len(data)) == want {
 			return io.NopCloser(bytes.NewReader(data)), size, nil
 		}
@@ -57,14 +52,26 @@ func (s *Store) ReadRange(ctx context.Context, key string, off, n int64) (io.Rea
 		off, n = size-want, want
 	}
 	in.Range = aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))
-	out, err := s3client.Get(ctx, s.Client, in)
+	return s.getRange(ctx, in, true)
+}
+
+// getRange is one ranged GET, with the object's whole size; resume picks
+// up a body that breaks off (s3client.Get), which needs explicit offsets.
+func (s *Store) getRange(ctx context.Context, in *s3.GetObjectInput, resume bool) (io.ReadCloser, int64, error) {
+	var out *s3.GetObjectOutput
+	var err error
+	if resume {
+		out, err = s3client.Get(ctx, s.Client, in)
+	} else {
+		out, err = s.Client.GetObject(ctx, in)
+	}
 	if err != nil {
-		return nil, 0, s.wrap("get", s.key(key), err)
+		return nil, 0, s.wrap("get", *in.Key, err)
 	}
 	size, err := totalSize(out)
 	if err != nil {
 		out.Body.Close()
-		return nil, 0, s.wrap("get", s.key(key), err)
+		return nil, 0, s.wrap("get", *in.Key, err)
 	}
 	return out.Body, size, nil
 }
