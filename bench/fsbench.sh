@@ -8,6 +8,7 @@
 #
 #   bash bench/fsbench.sh [SIZE_MIB]      (default 1024)
 set -euo pipefail
+shopt -s inherit_errexit  # a step that fails inside $(...) stops the run too
 cd "$(dirname "$0")/.."
 SIZE_MIB=${1:-1024}
 WORK=${BENCH_DIR:-/var/tmp/amlfs-bench}
@@ -38,8 +39,15 @@ mounted "$WORK/am" "amlfs"
 mounted_native "$WORK/amn" "amlfs --serve native" "$WORK/bin/amlfs"
 
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-# t CMD...: run CMD, print seconds
-t() { local s e; s=$(date +%s.%N); "$@" >/dev/null 2>&1; e=$(date +%s.%N); echo "$e - $s" | bc -l; }
+# t CMD...: run CMD, its seconds in T. A step that fails stops the run, with
+# its error: a failed step must never be recorded as a short time.
+t() {
+  local s e; s=$(date +%s.%N)
+  if ! "$@" >/dev/null 2>"$WORK/step.err"; then
+    echo "fsbench: step failed ($target): $*" >&2; cat "$WORK/step.err" >&2; exit 1
+  fi
+  e=$(date +%s.%N); T=$(echo "$e - $s" | bc -l)
+}
 
 declare -A R
 STEPS="write read-cold read-warm untar find ls-lR grep-r rm-rf"
@@ -54,18 +62,18 @@ for round in $(seq "$ROUNDS"); do
   for target in $order; do
     d="$WORK/$target"
     drop
-    keep "$target,write" "$(t dd if=/dev/zero of="$d/big" bs=1M count="$SIZE_MIB" conv=fsync)"
+    t dd if=/dev/zero of="$d/big" bs=1M count="$SIZE_MIB" conv=fsync; keep "$target,write" "$T"
     drop
-    keep "$target,read-cold" "$(t dd if="$d/big" of=/dev/null bs=1M)"
-    keep "$target,read-warm" "$(t dd if="$d/big" of=/dev/null bs=1M)"
+    t dd if="$d/big" of=/dev/null bs=1M; keep "$target,read-cold" "$T"
+    t dd if="$d/big" of=/dev/null bs=1M; keep "$target,read-warm" "$T"
     rm -f "$d/big"
     drop
-    keep "$target,untar" "$(t tar -C "$d" -xf "$WORK/src.tar")"
+    t tar -C "$d" -xf "$WORK/src.tar"; keep "$target,untar" "$T"
     drop
-    keep "$target,find" "$(t find "$d" -name '*.go')"
-    keep "$target,ls-lR" "$(t ls -lR "$d")"
-    keep "$target,grep-r" "$(t grep -r -l 'func main' "$d")"
-    keep "$target,rm-rf" "$(t rm -rf "$d/src")"
+    t find "$d" -name '*.go'; keep "$target,find" "$T"
+    t ls -lR "$d"; keep "$target,ls-lR" "$T"
+    t grep -r -l 'func main' "$d"; keep "$target,grep-r" "$T"
+    t rm -rf "$d/src"; keep "$target,rm-rf" "$T"
   done
 done
 

@@ -13,6 +13,7 @@
 #   bash bench/livebench.sh            # every tool
 #   TOOLS="native amlfs" bash bench/livebench.sh
 set -euo pipefail
+shopt -s inherit_errexit  # a step that fails inside $(...) stops the run too
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-livebench}
 TOOLS=${TOOLS:-native amlfs amn rclone s3fs}

@@ -9,6 +9,7 @@
 #
 #   bash bench/s3bench.sh
 set -euo pipefail
+shopt -s inherit_errexit  # a step that fails inside $(...) stops the run too
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-s3bench}
 . bench/common.sh

@@ -10,6 +10,7 @@
 #   ROUNDS=3 N=2000 bash bench/toolbench.sh
 #   AMLFS_BIN=/path/to/amlfs ...   (time another build)
 set -euo pipefail
+shopt -s inherit_errexit  # a step that fails inside $(...) stops the run too
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-toolbench}
 ROUNDS=${ROUNDS:-3}

@@ -19,6 +19,7 @@
 #   WORKLOADS=git bash bench/workloads.sh
 #   SERVE=native bash bench/workloads.sh
 set -euo pipefail
+shopt -s inherit_errexit  # a step that fails inside $(...) stops the run too
 cd "$(dirname "$0")/.."
 WORK=${BENCH_DIR:-/var/tmp/amlfs-workloads}
 . bench/common.sh

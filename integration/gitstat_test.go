@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"net/url"
 	"os/exec"
 	"path/filepath"
@@ -9,12 +10,15 @@ import (
 	"time"
 )
 
-// TestGitStatusAfterRestore: a lazy restore on a fresh cache dir shows
-// each untouched file with the stat data git's index holds (inode number,
-// ctime, mtime, size, owner), so the first git status reads no working
-// file: it fetches no file object outside .git, and takes about as long
-// as the second. A change to a file then shows its real ctime. Served
-// natively, the same holds with git's core.checkStat minimal.
+// TestGitStatusAfterRestore: a lazy restore on a fresh cache dir leaves
+// git's indexes matching the restored files, so the first git status reads
+// no working file: it fetches nothing outside .git, and takes about as
+// long as the second. Through FUSE the mount shows each untouched file with
+// the stat data git's index holds (inode number, ctime, mtime, size,
+// owner); served natively, the restore refreshes the indexes instead: the
+// repository's own, a linked worktree's and a submodule's. git diff-files,
+// which compares stat data only, lists nothing in any of them. A change to
+// a file then shows its real ctime, and git sees it.
 func TestGitStatusAfterRestore(t *testing.T) {
 	needTools(t, "git", "git")
 	srv, proxy, e := proxiedS3Env(t)
@@ -23,8 +27,11 @@ func TestGitStatusAfterRestore(t *testing.T) {
 for d in $(seq 0 9); do mkdir -p src/d$d; for f in $(seq 0 49); do echo "package d$d // $f" > src/d$d/f$f.go; done; done
 ln -s src/d0/f0.go link.go
 git add -A && git commit -q -m init
+git worktree add -q -b other wt2 && echo wt2 >> .git/info/exclude && echo subsrc >> .git/info/exclude
+git init -q -b main subsrc && (cd subsrc && echo sub > s.txt && mkdir -p x && echo y > x/y.txt && git add -A && git commit -q -m sub)
+git -c protocol.file.allow=always submodule add -q ./subsrc sub && git commit -q -m sub
 sleep 1.1 # past git's racy-clean window
-git status --porcelain >/dev/null`)
+git status --porcelain >/dev/null && git -C wt2 status --porcelain >/dev/null && git -C sub status --porcelain >/dev/null`)
 	// What git's index compares, as the mount shows it: inode, ctime,
 	// mtime, size, uid, gid.
 	stats := func(dir string) string {
@@ -36,19 +43,26 @@ git status --porcelain >/dev/null`)
 		t.Fatalf("save: %s", r)
 	}
 
+	// A fresh host, at the same path (a linked worktree records its
+	// path).
 	other := newS3EnvAt(t, srv, e.prefix)
 	other.storeArgs = e.storeArgs
-	mp2 := other.mount("git", "--prefetch", "0")
+	mp2 := mp
+	if r := other.mountAt(mp2, "git", "--prefetch", "0"); r.code != 0 {
+		t.Fatalf("mount: %s", r)
+	}
 	proxy.reset()
-	if serveOf(t, other, mp2) == "native" {
-		// Served natively, the restored files show their own inode
-		// numbers and ctimes, not the saved ones (README: Serving), so
-		// git would rehash every file and fetch it. Git's own
-		// core.checkStat minimal compares only what a restore keeps,
-		// size and mtime, and the first status then reads nothing
-		// outside .git, as below.
-		sh(t, mp2, "git config core.checkStat minimal")
-	} else if after := stats(mp2); after != before {
+	gitFiles := strings.Count(sh(t, mp2, "find .git -type f"), "\n") + 1
+	pendingBefore := pendingFiles(t, other, mp2)
+	// git diff-files compares stat data only: a file whose entry does not
+	// match it is listed, whatever its bytes.
+	for _, dir := range []string{".", "wt2", "sub"} {
+		if out := sh(t, filepath.Join(mp2, dir), "git diff-files --name-only"); out != "" {
+			t.Errorf("after the restore (%s), git's index in %s does not match: %s", serveOf(t, other, mp2), dir, firstLines(out, 3))
+		}
+	}
+	if serveOf(t, other, mp2) == "fuse" && stats(mp2) != before {
+		after := stats(mp2)
 		b, a := strings.Split(before, "\n"), strings.Split(after, "\n")
 		for i := range min(len(a), len(b)) {
 			if a[i] != b[i] {
@@ -65,6 +79,9 @@ git status --porcelain >/dev/null`)
 		return time.Since(start)
 	}
 	first := timeIt()
+	if fetched := pendingBefore - pendingFiles(t, other, mp2); fetched > gitFiles {
+		t.Errorf("the first git status fetched %d files; .git has only %d", fetched, gitFiles)
+	}
 	proxy.mu.Lock()
 	var worktree []string
 	for _, k := range proxy.getKeys {
@@ -104,4 +121,23 @@ git status --porcelain >/dev/null`)
 	if r := other.unmount(mp2); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}
+}
+
+// pendingFiles is the count of lazily restored files not fetched yet, as
+// amlfs status --json reports it.
+func pendingFiles(t *testing.T, e *env, mp string) int {
+	t.Helper()
+	r := e.amlfs("status", mp, "--json")
+	var st struct {
+		PendingFiles int `json:"pendingFiles"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil {
+		t.Fatalf("status: %s", r)
+	}
+	return st.PendingFiles
+}
+
+func firstLines(s string, n int) string {
+	l := strings.SplitN(s, "\n", n+1)
+	return strings.Join(l[:min(n, len(l))], "\n")
 }

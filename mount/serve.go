@@ -89,6 +89,15 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 	if err := d.ws.Placeholders().PopulateAll(ctx); err != nil {
 		return nil, err
 	}
+	// A restore made new inodes: git's indexes are pointed at them, so
+	// that the first git status neither rehashes nor fetches the tree.
+	// It only saves work: a failure is logged, never fatal.
+	if gr, err := d.ws.RefreshGitIndexes(ctx, cfg.Mountpoint); err != nil {
+		log.Warn("refresh git indexes after the restore", "err", err)
+	} else if gr.Indexes > 0 {
+		log.Info("git indexes refreshed after the restore", "indexes", gr.Indexes, "entries", gr.Refreshed, "left alone", gr.Left,
+			"racy", gr.Racy, "not saved", gr.NotSaved, "stale", gr.Stale, "unrestored", gr.Unrestored)
+	}
 	d.ws.Placeholders().FillOnAccess()
 	srv, err := d.serveNatively(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, At: d.at, Pending: revision.PendingXattr(),
 		Content: d.ws.Placeholders(), ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,

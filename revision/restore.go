@@ -88,6 +88,12 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 	}
 	w.lmu.Lock()
 	w.lazy = lazy
+	w.restored = nil
+	if _, disk := w.view.(diskView); disk && (e.Format == format.FormatFolder || x != nil) {
+		// The disk's own stat data show: git's indexes are refreshed
+		// from these (RefreshGitIndexes).
+		w.restored = restored
+	}
 	w.lmu.Unlock()
 	return e, nil
 }

@@ -87,6 +87,10 @@ type Workspace struct {
 	lmu  sync.Mutex // guards base and lazy; never held across I/O
 	base *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
 	lazy *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
+	// restored is what the last restore made, with the stat data each
+	// entry was saved with, until RefreshGitIndexes takes it
+	// (GUARDED_BY(lmu)).
+	restored []format.TreeEntry
 	// onFilled is told of each placeholder just filled (GUARDED_BY(lmu)).
 	onFilled func(f *os.File)
 	// onAccess: fetch by reading, so that a pre-content event's handler
