@@ -26,6 +26,6 @@ MARK=0
 mark() { MARK=$(stat -c %s "$WORK/access.log" 2>/dev/null || echo 0); }
 # reqs: "N (Op n, ...)" for the requests logged since the last mark.
 reqs() {
-  tail -c +$((MARK + 1)) "$WORK/access.log" 2>/dev/null | grep -o ' s3_[A-Za-z]*' | sed 's/ s3_//' | sort | uniq -c |
+  tail -c +$((MARK + 1)) "$WORK/access.log" 2>/dev/null | { grep -o ' s3_[A-Za-z]*' || true; } | sed 's/ s3_//' | sort | uniq -c |
     awk '{n += $1; s = s (s ? ", " : "") $2 " " $1} END {printf "%d (%s)", n, s}'
 }

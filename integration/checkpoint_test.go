@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 )
@@ -47,8 +48,25 @@ func TestS3ArchiveCheckpoint(t *testing.T) {
 	}
 	ops, at := srv.requests(t, at)
 	t.Logf("one-file commit of 1,200 files: %d requests %v", total(ops), ops)
-	if ops["s3_UploadPartCopy"] < 2 || ops["s3_PutObject"] > 1 || total(ops) > 12 {
+	if ops["s3_UploadPartCopy"] < 2 || ops["s3_PutObject"] > 1 || total(ops) > 10 {
 		t.Errorf("one-file commit made %d requests: %v", total(ops), ops)
+	}
+	// A fork's first save: one multipart upload (the base archive copied
+	// as one part, the new index uploaded) and the create-if-absent
+	// publication; no lease, no read of the new workspace's index.
+	time.Sleep(500 * time.Millisecond) // the last save's prune, after it returned
+	_, at = srv.requests(t, at)
+	if r := e.amlfs("commit", "--fork", "ckpt-fork", mp); r.code != 0 {
+		t.Fatalf("commit --fork: %s", r)
+	}
+	from := at
+	ops, at = srv.requests(t, at)
+	t.Logf("fork's first save of 1,200 files: %d requests %v", total(ops), ops)
+	if ops["s3_UploadPartCopy"] != 1 || total(ops) > 5 {
+		t.Errorf("fork's first save made %d requests: %v; reads: %q", total(ops), ops, srv.lines(t, from, "s3_GetObject"))
+	}
+	if r := e.amlfs("commit", "--fork", "ckpt-fork", mp); r.code == 0 || !strings.Contains(r.stderr, "already exists") {
+		t.Errorf("a second fork of the same name: %s", r)
 	}
 	if r := e.unmount(mp, "--no-save"); r.code != 0 {
 		t.Fatalf("unmount: %s", r)

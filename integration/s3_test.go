@@ -394,3 +394,20 @@ func TestS3NewcomerErrors(t *testing.T) {
 		t.Errorf("mount without credentials: %s", r)
 	}
 }
+
+// lines returns the access log's lines of operation op (s3_GetObject, ...)
+// from offset from on, for a test to say which keys its requests named.
+func (s *s3Server) lines(t testing.TB, from int64, op string) []string {
+	t.Helper()
+	data, err := os.ReadFile(s.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data[min(from, int64(len(data))):]), "\n") {
+		if strings.Contains(line, " "+op+" ") || strings.HasSuffix(line, " "+op) {
+			out = append(out, line)
+		}
+	}
+	return out
+}

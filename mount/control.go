@@ -28,7 +28,7 @@ import (
 // The control socket speaks HTTP+JSON over a unix socket at
 // SocketPath(mountpoint):
 //
-//	GET  /v1/status                     -> Status
+//	GET  /v1/status[?lease=check]       -> Status (lease=check asks the store whether the lease is held)
 //	POST /v1/commit   {"revision":ID, "fork":NEWID?}   -> SaveInfo
 //	POST /v1/unmount  {"noSave":bool,"revision":ID} -> StopResult (after the daemon has stopped)
 //	POST /v1/refresh  {"path":P}        -> {"refreshed":[prefixes]} (live mounts; "" for all)
@@ -100,7 +100,7 @@ func (d *Daemon) serveControl() (*control, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, d.Status())
+		writeJSON(w, http.StatusOK, d.status(r.URL.Query().Get("lease") == "check"))
 	})
 	mux.HandleFunc("POST /v1/commit", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -391,10 +391,19 @@ func (c *Client) Tool(ctx context.Context, name string, args json.RawMessage) (j
 	return data, nil
 }
 
-// Status fetches the daemon's status.
+// Status fetches the daemon's status. The lease is as the daemon's
+// heartbeat last found it; StatusCheckingLease asks the store.
 func (c *Client) Status(ctx context.Context) (Status, error) {
 	var st Status
 	err := c.do(ctx, http.MethodGet, "/v1/status", nil, &st)
+	return st, err
+}
+
+// StatusCheckingLease is Status with the lease checked with the store
+// now: one request to it.
+func (c *Client) StatusCheckingLease(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.do(ctx, http.MethodGet, "/v1/status?lease=check", nil, &st)
 	return st, err
 }
 

@@ -60,8 +60,9 @@ func (d *Daemon) dirtyLocked() bool {
 	return d.baseMark == -1 || d.fs.Changes() != d.baseMark
 }
 
-// Status reports the daemon's state.
-func (d *Daemon) Status() Status {
+// status reports the daemon's state; with askStore, whether the lease is
+// still held is asked of the store (one request), not only the heartbeat.
+func (d *Daemon) status(askStore bool) Status {
 	// The gauges read daemon state under d.mu: gather them first.
 	snap := d.metrics.Snapshot()
 	d.mu.Lock()
@@ -101,7 +102,11 @@ func (d *Daemon) Status() Status {
 	st.Lock = "held"
 	if d.cfg.NoLock {
 		st.Lock = "none"
-	} else if err := d.ws.CheckLease(); err != nil {
+	} else if askStore {
+		if err := d.ws.CheckLease(); err != nil {
+			st.Lock = "lost: " + err.Error()
+		}
+	} else if err := d.ws.LeaseErr(); err != nil {
 		st.Lock = "lost: " + err.Error()
 	}
 	return st

@@ -89,20 +89,21 @@ func (w *Workspace) SaveFork(ctx context.Context, dir string, sel format.Selecti
 	if err != nil {
 		return SaveResult{}, amlerr.Wrap(amlerr.InvalidConfig, newID, err)
 	}
+	// A new workspace needs no lease and no read of its index: its first
+	// publication is conditional on there being none (If-None-Match), so
+	// a writer that made the workspace in between, or a second fork of
+	// the same name, makes this one fail, never overwrites it. That keeps
+	// a fork's first save to the artifact and the publication.
 	opts := w.opts
-	opts.ID, opts.NoLock = newID, false
-	nw, err := Open(ctx, ns, opts)
+	opts.ID, opts.NoLock = newID, true
+	nw, err := newWorkspace(ns, opts)
 	if err != nil {
 		return SaveResult{}, err
 	}
-	defer func() {
-		if err := nw.Close(context.WithoutCancel(ctx)); err != nil {
-			w.log.Warn("release the fork's lease", "op", "release", "path", ns.String(), "err", err)
-		}
-	}()
-	if nw.Index() != nil {
-		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, newID, "workspace %q already exists in %s; --fork makes a new workspace", newID, ns)
-	}
+	defer nw.Close(context.WithoutCancel(ctx))
+	nw.settleFormat()
+	nw.orphansMaybe = false // no earlier save of its own can have left any
+	nw.created = true
 	origin := &format.ForkOrigin{ID: w.opts.ID, Revision: base}
 	if f := w.Fork(); f != nil {
 		origin = f // w is a fork not saved yet: the origin is its source's

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
 )
@@ -183,8 +184,14 @@ func TestForkRefusals(t *testing.T) {
 		if f := forkOf(t, a, res.Entry, "c"); f == nil || f.ID != "a" || f.Revision != a.Index().Current {
 			t.Errorf("commit --fork record: %+v", f)
 		}
-		if _, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", ""); err == nil {
-			t.Error("--fork to an existing workspace was taken")
+		// A fork takes no lease and reads no index: its publication is
+		// create-if-absent. Onto an existing workspace it is refused, and
+		// leaves no artifact there.
+		if _, err := a.SaveFork(ctx, src, format.Selection{}, "c", "", ""); amlerr.Code(err) != amlerr.InvalidConfig || !strings.Contains(err.Error(), "already exists") {
+			t.Errorf("--fork to an existing workspace: %v", err)
+		}
+		if keys, err := base.store(t, "c").Artifacts(ctx); err != nil || len(keys) != 1 {
+			t.Errorf("artifacts of the existing workspace after a refused fork: %v %v", keys, err)
 		}
 		// The fork's lease was released: it can be opened.
 		c := openWS(t, base, "c", Options{})

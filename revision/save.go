@@ -96,13 +96,12 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	// stale: say so now, before uploading anything (and before reusing
 	// objects of a base revision it may have pruned). Publication below
 	// stays conditional for a writer that comes in between.
-	if _, ver, err := w.store.ReadIndex(ctx); err == nil || errors.Is(err, store.ErrNotExist) {
-		if ver != w.version {
-			return fail(amlerr.New(amlerr.PublishConflict, w.opts.ID, "workspace.json changed since this tree was loaded: another writer published; the previous revision is still current, nothing was overwritten, and the tree is kept. "+
-				"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand"))
+	// A new workspace made here (w.created) is published only if there
+	// is still none: nothing to check first.
+	if !w.created {
+		if err := w.checkNotStale(ctx); err != nil {
+			return fail(err)
 		}
-	} else {
-		return fail(fmt.Errorf("read index of %s: %w", w.store, err))
 	}
 	// 1 to 3, once per attempt (Options.Watch).
 	var (
@@ -161,6 +160,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		if rerr := w.store.Remove(context.WithoutCancel(ctx), entry.Path); rerr != nil {
 			w.log.Error("remove unpublished artifact", "op", "remove", "path", entry.Path, "err", rerr)
 		}
+		if errors.Is(err, store.ErrPrecondition) && w.created {
+			return SaveResult{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "workspace %q already exists in %s; --fork makes a new workspace (nothing was published)", w.opts.ID, w.store)
+		}
 		if errors.Is(err, store.ErrPrecondition) {
 			return fail(amlerr.Wrap(amlerr.PublishConflict, w.opts.ID, fmt.Errorf("%w; the previous revision is still current, nothing was overwritten, and the tree is kept", err)))
 		}
@@ -169,6 +171,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.imu.Lock()
 	w.index, w.version = next, ver
 	w.imu.Unlock()
+	w.created = false
 	w.expect = nil // the tree is now the new revision's
 	w.setFork(nil)
 	if src == w {
@@ -515,4 +518,18 @@ func (w *Workspace) cleanOrphans(ctx context.Context) {
 			w.log.Warn("remove orphan artifact", "op", "remove-orphan", "path", k, "err", err)
 		}
 	}
+}
+
+// checkNotStale fails if another writer published since this tree was
+// loaded.
+func (w *Workspace) checkNotStale(ctx context.Context) error {
+	_, ver, err := w.store.ReadIndex(ctx)
+	if err != nil && !errors.Is(err, store.ErrNotExist) {
+		return fmt.Errorf("read index of %s: %w", w.store, err)
+	}
+	if ver != w.version {
+		return amlerr.New(amlerr.PublishConflict, w.opts.ID, "workspace.json changed since this tree was loaded: another writer published; the previous revision is still current, nothing was overwritten, and the tree is kept. "+
+			"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand")
+	}
+	return nil
 }

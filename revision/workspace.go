@@ -104,9 +104,13 @@ type Workspace struct {
 	// orphansMaybe: a crashed run or a failed save may have left an
 	// artifact the index does not name (cleanOrphans). GUARDED_BY(mu).
 	orphansMaybe bool
-	members      *memberCache   // archive members read for lazy fetches
-	prunes       sync.WaitGroup // pruning after a save's publication
-	autoFormat   bool           // Options.Format was "": chosen here
+	// created says the workspace is being made by this process without
+	// its index read (a fork's first save): there must be none, and its
+	// publication is conditional on that.
+	created    bool
+	members    *memberCache   // archive members read for lazy fetches
+	prunes     sync.WaitGroup // pruning after a save's publication
+	autoFormat bool           // Options.Format was "": chosen here
 	// view is the stat data the mount shows for restored files.
 	view StatView
 	// fork, until the first save publishes, names the revision of
@@ -198,6 +202,29 @@ func (w *Workspace) staleBase() error {
 // Open takes the lease (unless NoLock) and loads the index. A store with no
 // index is a new workspace; any other problem is an error.
 func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, error) {
+	w, err := newWorkspace(store, opts)
+	if err != nil {
+		return nil, err
+	}
+	if !opts.NoLock {
+		lease, err := store.Lock(ctx, func(err error) {
+			w.log.Error("workspace lease lost; the next save or release will fail", "op", "heartbeat", "path", store.String(), "id", opts.ID, "err", err)
+		}, opts.DeadHolder)
+		if err != nil {
+			return nil, err
+		}
+		w.lease = lease
+	}
+	if err := w.reload(ctx); err != nil {
+		w.Close(ctx)
+		return nil, err
+	}
+	w.settleFormat()
+	return w, nil
+}
+
+// newWorkspace is a workspace of store with no lease and no index read.
+func newWorkspace(store store.Store, opts Options) (*Workspace, error) {
 	if opts.Format != "" && opts.Format != format.FormatFolder && opts.Format != format.FormatArchive {
 		return nil, amlerr.New(amlerr.InvalidConfig, opts.Format, "format must be folder or archive")
 	}
@@ -218,29 +245,22 @@ func Open(ctx context.Context, store store.Store, opts Options) (*Workspace, err
 		w.view = diskView{}
 	}
 	w.fetchCtx, w.stopFetch = context.WithCancelCause(context.Background())
-	if !opts.NoLock {
-		lease, err := store.Lock(ctx, func(err error) {
-			opts.Log.Error("workspace lease lost; the next save or release will fail", "op", "heartbeat", "path", store.String(), "id", opts.ID, "err", err)
-		}, opts.DeadHolder)
-		if err != nil {
-			return nil, err
-		}
-		w.lease = lease
-	}
-	if err := w.reload(ctx); err != nil {
-		w.Close(ctx)
-		return nil, err
-	}
-	if w.opts.Format == "" {
-		w.autoFormat = true
-		w.opts.Format = format.FormatArchive
-		if w.index != nil {
-			if e, ok := w.index.Resolve("current"); ok {
-				w.opts.Format = e.Format
-			}
-		}
-	}
 	return w, nil
+}
+
+// settleFormat resolves an unset format, once the index is read: the
+// current revision's, or archive for a new workspace.
+func (w *Workspace) settleFormat() {
+	if w.opts.Format != "" {
+		return
+	}
+	w.autoFormat = true
+	w.opts.Format = format.FormatArchive
+	if w.index != nil {
+		if e, ok := w.index.Resolve("current"); ok {
+			w.opts.Format = e.Format
+		}
+	}
 }
 
 func (w *Workspace) reload(ctx context.Context) error {
@@ -380,6 +400,15 @@ func (w *Workspace) Lease() LeaseStatus {
 		st.State = "lost"
 	}
 	return st
+}
+
+// LeaseErr is the lease's loss as the heartbeat found it, without asking
+// the store: nil when held (as far as it knows) or running unlocked.
+func (w *Workspace) LeaseErr() error {
+	if w.lease == nil {
+		return nil
+	}
+	return w.lease.LostErr()
 }
 
 // CheckLease asks the store whether the lease is still held: it reports

@@ -390,7 +390,7 @@ func statusCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			st, err := cl.Status(context.WithoutCancel(c.Context))
+			st, err := cl.StatusCheckingLease(context.WithoutCancel(c.Context))
 			if err != nil {
 				return notRunning(mp, err)
 			}
