@@ -82,9 +82,19 @@ func saveInfo(res revision.SaveResult) SaveInfo {
 		Uploaded: res.Uploaded, UploadedBytes: res.UploadedBytes, Reused: res.Reused, BaseGone: res.BaseGone,
 		Symlinks: res.Symlinks, SpecialFilesSkipped: len(res.Skipped), SpecialFiles: res.Skipped[:min(len(res.Skipped), maxListed)],
 		Attempts: res.Attempts}
+	var warn []string
 	if res.Unsettled {
-		info.Warning = fmt.Sprintf("the tree changed during each of the save's %d readings of it (served natively, writes are not held back): each file is saved as its bytes at one instant, the tree as a whole is not one instant", res.Attempts)
+		warn = append(warn, fmt.Sprintf("the tree changed during each of the save's %d readings of it (served natively, writes are not held back): each file is saved as its bytes at one instant, the tree as a whole is not one instant", res.Attempts))
 	}
+	if n := len(res.Earlier); n > 0 {
+		info.Earlier = res.Earlier[:min(n, maxListed)]
+		warn = append(warn, fmt.Sprintf("%d files changed during every reading of them (a program rewrites them without pause), so they are saved as they were in the previous revision: %s (the next save reads them again)", n, strings.Join(info.Earlier, ", ")))
+	}
+	if n := len(res.LeftOut); n > 0 {
+		info.LeftOut = res.LeftOut[:min(n, maxListed)]
+		warn = append(warn, fmt.Sprintf("%d new files changed during every reading of them, so this revision leaves them out: %s (the next save reads them again)", n, strings.Join(info.LeftOut, ", ")))
+	}
+	info.Warning = strings.Join(warn, "; ")
 	return info
 }
 
@@ -221,6 +231,12 @@ type SaveInfo struct {
 	// Attempts is how many times the save read the tree: more than one
 	// when the tree, served natively, changed while it was read.
 	Attempts int `json:"attempts,omitempty"`
+	// Earlier names the files that changed during every reading of them
+	// (a writer holding them open rewrote them without pause), saved with
+	// their bytes of the previous revision; LeftOut, such files the
+	// previous revision did not have. The first maxListed of each.
+	Earlier []string `json:"earlier,omitempty"`
+	LeftOut []string `json:"leftOut,omitempty"`
 }
 
 // maxListed bounds the paths a SaveInfo lists.

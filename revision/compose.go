@@ -27,6 +27,9 @@ type archiveJob struct {
 	fork    *format.ForkOrigin
 	// plan, if not nil, is what to reuse from the base archive.
 	plan *archivePlan
+	// base is the tree the base revision holds (nil for none): the
+	// bytes of a file that changed during every reading come from it.
+	base *baseTree
 	prog *progress // counts the files as they go into the archive
 }
 
@@ -50,6 +53,9 @@ type archiveOut struct {
 	uploaded int                    // files written from the tree
 	upBytes  int64
 	reused   int // files kept from the base (copied or rewritten)
+	// earlier and leftOut: files that changed during every reading,
+	// written with the base's bytes, or left out (SaveResult).
+	earlier, leftOut []string
 }
 
 // planArchive finds what of base, the archive at key, the snapshot
@@ -179,6 +185,19 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 			return out, err
 		}
 		f, gone, err := sp.read(t, te.Path)
+		if errors.Is(err, store.ErrUnsettled) {
+			had, err := w.writeEarlier(ctx, aw, job, te)
+			if err != nil {
+				return out, err
+			}
+			if had {
+				out.earlier = append(out.earlier, te.Path)
+				out.reused++
+			} else {
+				out.leftOut = append(out.leftOut, te.Path)
+			}
+			continue
+		}
 		if err != nil {
 			return out, err
 		}
@@ -223,6 +242,32 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	return out, nil
 }
 
+// writeEarlier writes te, whose working-tree file changed during every
+// reading, with its bytes of the base revision: the file as it was at an
+// earlier instant, never torn. Its stamp is not recorded, so the next save
+// reads it again. It reports false, having written nothing, when the base
+// has no such file (or its bytes are gone).
+func (w *Workspace) writeEarlier(ctx context.Context, aw *format.ComposeWriter, job archiveJob, te format.TreeEntry) (bool, error) {
+	bf, ok := job.base.saved(te.Path)
+	if !ok || journalOf(te.Path) {
+		return false, nil
+	}
+	rc, err := job.src.openFileBytes(ctx, bf.key)
+	if errors.Is(err, store.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	te.Size, te.Mtime = int64(bf.stamp.Size), format.Mtime(bf.stamp.Mtime.Nano())
+	ino, ctime := job.src.view.Saved(bf.stamp.Ino, bf.stamp.Ctime.Nano())
+	te.Stat.Ino, te.Stat.Ctime = ino, format.Mtime(ctime)
+	if te.Stat.Ino > format.MaxShownIno {
+		te.Stat.Ino, te.Stat.Ctime = 0, 0
+	}
+	return true, aw.File(te, rc)
+}
+
 // uploadArchive writes an archive revision: composed from its base
 // archive when there is one (a fork's source's, for a fork), else whole.
 // A composition whose base is gone (another writer pruned it), or that
@@ -237,7 +282,7 @@ func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.
 	if err != nil {
 		w.log.Info("writing the archive whole", "op", "save", "reason", err)
 	}
-	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan, prog: prog}
+	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan, base: base, prog: prog}
 	if plan != nil {
 		out, err := w.stageArchive(ctx, entry, job, prog)
 		if err == nil || !errors.Is(err, store.ErrNotExist) && !errors.Is(err, store.ErrTooManyParts) {
@@ -306,7 +351,8 @@ func (w *Workspace) stageArchive(ctx context.Context, entry format.Entry, job ar
 // their members in the new archive, where the placeholders of kept files
 // are repointed.
 func archiveStats(entry format.Entry, out archiveOut) uploadStats {
-	up := uploadStats{entries: out.entries, uploaded: out.uploaded, uploadedBytes: out.upBytes, reused: out.reused, index: out.index}
+	up := uploadStats{entries: out.entries, uploaded: out.uploaded, uploadedBytes: out.upBytes, reused: out.reused, index: out.index,
+		earlier: out.earlier, leftOut: out.leftOut}
 	if out.index == nil {
 		return up
 	}

@@ -37,6 +37,12 @@ type SaveResult struct {
 	// is not the tree at one instant (each file still is its bytes at
 	// one instant).
 	Unsettled bool
+	// Earlier names the files that changed during every reading (a writer
+	// holding them open rewrote them without pause), saved with their
+	// bytes of the previous revision, an earlier instant; LeftOut, such
+	// files the previous revision did not have, which this one does not
+	// either. The next save reads them again.
+	Earlier, LeftOut []string
 }
 
 // SaveAttempts bounds how many times a save reads a tree that keeps
@@ -183,7 +189,14 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	// 5. Prune, after publication, without holding the save up.
 	total, files := treeSize(up.entries)
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
-		BaseGone: up.baseGone, Symlinks: countType(up.entries, format.TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled}
+		BaseGone: up.baseGone, Symlinks: countType(up.entries, format.TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled,
+		Earlier: up.earlier, LeftOut: up.leftOut}
+	for _, p := range up.earlier {
+		w.log.Warn("a file changed during every reading: saved with its bytes of the previous revision (the next save reads it again)", "op", "save", "path", p)
+	}
+	for _, p := range up.leftOut {
+		w.log.Warn("a new file changed during every reading: left out of this revision (the next save reads it again)", "op", "save", "path", p)
+	}
 	for _, p := range pruned {
 		res.Pruned = append(res.Pruned, p.ID)
 	}
@@ -246,6 +259,7 @@ type uploadStats struct {
 	stamps           map[string]baseFile
 	moves            map[uint64]repointTo // reused placeholders, by inode
 	index            *format.ArchiveIndex // an archive's
+	earlier, leftOut []string             // files unsettled (SaveResult)
 }
 
 // upload writes the artifact. For a folder revision, a file unchanged since
@@ -277,8 +291,9 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 	}
 	defer t.Close()
 	up.stamps = make(map[string]baseFile, len(entries))
-	var mu sync.Mutex // guards entries, up while uploads land
+	var mu sync.Mutex // guards entries, up, unsettled while uploads land
 	gone := map[string]bool{}
+	var unsettled []int // entries whose file changed during every reading
 	for i, te := range entries {
 		if te.Type != format.TypeFile {
 			continue
@@ -307,9 +322,15 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 					f.Close()
 					f = nil
 				}
-				err = st.Reuse(ctx, name, key, f, func(read *store.Stamp) {
+				err = st.Reuse(ctx, name, key, f, func(read *store.Stamp, err error) {
 					mu.Lock()
 					defer mu.Unlock()
+					if err != nil {
+						// Its base was pruned, and it changed during
+						// every reading.
+						unsettled = append(unsettled, i)
+						return
+					}
 					if read != nil {
 						// Its base was pruned: uploaded from the tree.
 						entries[i].Size, entries[i].Mtime = int64(read.Size), format.Mtime(read.Mtime.Nano())
@@ -345,9 +366,13 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 			gone[te.Path] = true // removed or replaced since the snapshot
 			continue
 		}
-		err = st.PutFile(ctx, name, f, func(stp store.Stamp) {
+		err = st.PutFile(ctx, name, f, func(stp store.Stamp, err error) {
 			mu.Lock()
 			defer mu.Unlock()
+			if err != nil {
+				unsettled = append(unsettled, i)
+				return
+			}
 			// The manifest holds the bytes as read: their size and
 			// mtime, which may be newer than the snapshot's.
 			entries[i].Size = int64(stp.Size)
@@ -360,6 +385,33 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 		if err != nil {
 			return up, err
 		}
+	}
+	if err := st.Flush(ctx); err != nil {
+		return up, err
+	}
+	// A file that changed during every reading is saved with its bytes
+	// of the base revision, an earlier instant, if it has them; else it
+	// is left out. Its stamp is not recorded: the next save reads it.
+	for _, i := range unsettled {
+		te := entries[i]
+		bf, ok := base.saved(te.Path)
+		if !ok || journalOf(te.Path) {
+			gone[te.Path] = true
+			up.leftOut = append(up.leftOut, te.Path)
+			continue
+		}
+		err := st.Reuse(ctx, "files/"+te.Path, baseKey(bf.key), nil, func(*store.Stamp, error) {})
+		if errors.Is(err, store.ErrNotExist) || amlerr.Code(err) == amlerr.BaseRevisionGone {
+			gone[te.Path] = true
+			up.leftOut = append(up.leftOut, te.Path)
+			continue
+		} else if err != nil {
+			return up, err
+		}
+		entries[i].Size, entries[i].Mtime = int64(bf.stamp.Size), format.Mtime(bf.stamp.Mtime.Nano())
+		entries[i].Stat.Ino, entries[i].Stat.Ctime = bf.stamp.Ino, format.Mtime(bf.stamp.Ctime.Nano())
+		up.reused++
+		up.earlier = append(up.earlier, te.Path)
 	}
 	if err := st.Flush(ctx); err != nil {
 		return up, err
@@ -532,4 +584,14 @@ func (w *Workspace) checkNotStale(ctx context.Context) error {
 			"To go on: mount with --discard-unsaved to restore the current revision, or restore it elsewhere and copy your changes over by hand")
 	}
 	return nil
+}
+
+// journalOf reports whether p is by its name a database's journal (SQLite's
+// -wal, -shm or -journal): one that changed during every reading is left
+// out, never saved with earlier bytes. An earlier WAL beside a later
+// database would replay old pages over newer ones; without it the database
+// is itself at one instant, as of its last checkpoint, and SQLite rebuilds
+// its -shm.
+func journalOf(p string) bool {
+	return strings.HasSuffix(p, "-wal") || strings.HasSuffix(p, "-shm") || strings.HasSuffix(p, "-journal")
 }

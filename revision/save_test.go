@@ -91,7 +91,10 @@ func TestIncrementalSaveReusesUnchangedFiles(t *testing.T) {
 // TestSaveChangingTree saves, in both formats, while a writer rewrites one
 // file in place, appends lines to another, and makes and removes others:
 // every save succeeds, and each file it holds is whole (one version of
-// the rewritten file, whole lines of the log) with the manifest's size.
+// the rewritten file, whole lines of the log) with the manifest's size. A
+// file that changed during every reading is saved with its bytes of the
+// previous revision (Earlier), or left out if that has none (LeftOut),
+// never torn and never failing the save.
 func TestSaveChangingTree(t *testing.T) {
 	forStores(t, func(t *testing.T, sk string) {
 		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
@@ -99,12 +102,14 @@ func TestSaveChangingTree(t *testing.T) {
 				ctx := context.Background()
 				base, src := newBase(t, sk), t.TempDir()
 				w := openWS(t, base, "chg", Options{Format: kind, Retention: 2})
-				writeTree(t, src, map[string]string{"rewrite": strings.Repeat("v0 ", 50000), "log": "", "churn/keep": "k"})
+				writeTree(t, src, map[string]string{"rewrite": strings.Repeat("v0 ", 50000), "db-wal": strings.Repeat("v0 ", 50000), "log": "", "churn/keep": "k"})
 				stop := make(chan struct{})
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
 					rw, _ := os.OpenFile(filepath.Join(src, "rewrite"), os.O_RDWR, 0)
+					wal, _ := os.OpenFile(filepath.Join(src, "db-wal"), os.O_RDWR, 0)
+					defer wal.Close()
 					lg, _ := os.OpenFile(filepath.Join(src, "log"), os.O_WRONLY|os.O_APPEND, 0)
 					defer rw.Close()
 					defer lg.Close()
@@ -119,6 +124,8 @@ func TestSaveChangingTree(t *testing.T) {
 						v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
 						rw.WriteAt([]byte(v), 0)
 						rw.Truncate(int64(len(v)))
+						wal.WriteAt([]byte(v), 0)
+						wal.Truncate(int64(len(v)))
 						// Opened for each rewrite, as most tools do, and of one
 						// length, so that every instant outside a write call
 						// holds one whole version.
@@ -136,6 +143,7 @@ func TestSaveChangingTree(t *testing.T) {
 						time.Sleep(3 * time.Millisecond)
 					}
 				}()
+				prev := map[string]string{}
 				for i := 0; i < 8; i++ {
 					res, err := w.Save(ctx, src, format.Selection{}, "")
 					if err != nil {
@@ -143,11 +151,31 @@ func TestSaveChangingTree(t *testing.T) {
 						<-done
 						t.Fatalf("save %d of a changing tree: %v", i, err)
 					}
+					if len(res.Earlier)+len(res.LeftOut) > 0 {
+						t.Logf("save %d: saved as before %v, left out %v", i, res.Earlier, res.LeftOut)
+					}
 					dst := filepath.Join(t.TempDir(), "r")
 					if _, err := w.Restore(ctx, res.Entry.ID, dst, format.Selection{}); err != nil {
 						t.Fatalf("restore %d: %v", i, err)
 					}
-					for _, name := range []string{"rewrite", "reopened"} {
+					for _, name := range res.LeftOut {
+						if _, err := os.Lstat(filepath.Join(dst, name)); err == nil || (prev[name] != "" && !journalOf(name)) {
+							t.Errorf("save %d: %s reported left out, restored %v, in the previous revision %d bytes", i, name, err, len(prev[name]))
+						}
+					}
+					for _, name := range res.Earlier {
+						if journalOf(name) {
+							t.Errorf("save %d: the journal %s was saved with earlier bytes", i, name)
+						}
+						if got, _ := os.ReadFile(filepath.Join(dst, name)); string(got) != prev[name] {
+							t.Errorf("save %d: %s reported as in the previous revision (%d bytes), is %d bytes", i, name, len(prev[name]), len(got))
+						}
+					}
+					for _, name := range []string{"rewrite", "reopened", "log"} {
+						got, _ := os.ReadFile(filepath.Join(dst, name))
+						prev[name] = string(got)
+					}
+					for _, name := range []string{"rewrite", "reopened", "db-wal"} {
 						got, _ := os.ReadFile(filepath.Join(dst, name))
 						if f := strings.Fields(string(got)); len(f) > 0 && strings.Count(string(got), f[0]+" ") != len(f) {
 							t.Errorf("save %d: %s is torn: %d bytes, %d words, first %q", i, name, len(got), len(f), f[0])

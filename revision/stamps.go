@@ -27,6 +27,18 @@ type baseTree struct {
 	files map[string]baseFile // GUARDED_BY(mu): by revision path
 }
 
+// saved returns what the base holds of file p (its stamp when saved or
+// restored, and its key), whatever the file is now.
+func (b *baseTree) saved(p string) (baseFile, bool) {
+	if b == nil {
+		return baseFile{}, false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f, ok := b.files[p]
+	return f, ok
+}
+
 // refresh updates p's stamp after its bytes were fetched in place, if p is
 // still that inode.
 func (b *baseTree) refresh(p string, ino uint64, st store.Stamp) {

@@ -419,6 +419,9 @@ func statusCommand() *cli.Command {
 			if st.LastSave != nil {
 				fmt.Fprintf(w, "last save:   %s at %s (%d files, %d symlinks, %d bytes; %d special files left out)\n", st.LastSave.Revision, st.LastSave.At.Format(time.RFC3339),
 					st.LastSave.Files, st.LastSave.Symlinks, st.LastSave.Bytes, st.LastSave.SpecialFilesSkipped)
+				if n := st.LastSave.Note(); n != "" {
+					fmt.Fprintf(w, "             %s\n", n)
+				}
 			}
 			return nil
 		},

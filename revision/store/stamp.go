@@ -15,16 +15,22 @@ import (
 )
 
 // stableTries bounds how often a save reads a file that keeps changing
-// under it before it gives up; between tries it waits stableWait, doubled
-// each time (about 2 s in all), for the writer to pause.
+// under it before it gives up (ErrUnsettled: the engine then saves the
+// file's previous bytes); between tries it waits stableWait, doubled each
+// time (about a quarter of a second in all), for the writer to pause.
 const (
-	stableTries = 12
+	stableTries = 9
 	stableWait  = time.Millisecond
 )
 
 // errChanged is what a read function returns when the file ended before
 // the size it was told: the file changed, so the read is tried again.
 var errChanged = errors.New("file changed while it was read")
+
+// ErrUnsettled is what ReadStable's error wraps when the file changed
+// during every reading: a writer that holds it open rewrites it without
+// pause. Its bytes could not be taken at one instant.
+var ErrUnsettled = errors.New("changed during every reading")
 
 // FileStamp is f's stamp, by descriptor.
 func FileStamp(f *os.File) (Stamp, error) {
@@ -62,7 +68,7 @@ func ReadStable(f *os.File, read func(size int64, attempt int) error) (Stamp, er
 		}
 		time.Sleep(stableWait << attempt)
 	}
-	return Stamp{}, amlerr.New(amlerr.SaveFailed, f.Name(), "changed during each of %d reads; not saving torn bytes (the next save tries again)", stableTries)
+	return Stamp{}, amlerr.Wrap(amlerr.SaveFailed, f.Name(), fmt.Errorf("%w: changed during each of %d reads; not saving torn bytes", ErrUnsettled, stableTries))
 }
 
 // readOnce is one try of ReadStable; ok is false if f changed.

@@ -72,9 +72,12 @@ type Stager interface {
 	// PutFile writes name with the bytes of the working-tree file f as
 	// they were at one instant (see ReadStable), and closes f. Once the
 	// object has landed it calls done with the stamp of those bytes,
-	// whose size is their length. It may work in the background: its
-	// error may surface only at Flush or Commit.
-	PutFile(ctx context.Context, name string, f *os.File, done func(Stamp)) error
+	// whose size is their length. If f changed during every reading, it
+	// leaves nothing at name and calls done with an error wrapping
+	// ErrUnsettled: the caller decides what the artifact holds instead.
+	// It may work in the background: any other error may surface only at
+	// Flush or Commit.
+	PutFile(ctx context.Context, name string, f *os.File, done func(Stamp, error)) error
 	// Flush waits until everything put so far has landed.
 	Flush(ctx context.Context) error
 	// Reuse makes name a copy of the existing object fromKey without moving
@@ -85,8 +88,9 @@ type Stager interface {
 	// placeholder, whose bytes are only in the store), that is a
 	// BASE_REVISION_GONE error. done is called once
 	// name has landed, with the stamp of the bytes written from local, or
-	// nil for a copy. It may work in the background, as PutFile.
-	Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*Stamp)) error
+	// nil for a copy; or, as PutFile's, with ErrUnsettled. It may work in
+	// the background, as PutFile.
+	Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*Stamp, error)) error
 	// Compose writes a single-object artifact (an archive; name "") as
 	// pieces, in order. Pieces of existing objects are copied without
 	// passing through amlfs where the store can: ranged server-side

@@ -347,7 +347,7 @@ func (st *fsStager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return err
 }
 
-func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp)) error {
+func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp, error)) error {
 	defer f.Close()
 	p, err := st.target(name)
 	if err != nil {
@@ -374,17 +374,22 @@ func (st *fsStager) PutFile(ctx context.Context, name string, f *os.File, done f
 		}
 		return err
 	})
+	if errors.Is(err, store.ErrUnsettled) {
+		os.Remove(p) // what the last try wrote
+		done(store.Stamp{}, err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	st.landed(name, int64(stp.Size))
-	done(stp)
+	done(stp, nil)
 	return nil
 }
 
 func (st *fsStager) Flush(ctx context.Context) error { return nil }
 
-func (st *fsStager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp)) error {
+func (st *fsStager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp, error)) error {
 	p, err := st.target(name)
 	if err != nil {
 		store.CloseLocal(local)
@@ -395,14 +400,14 @@ func (st *fsStager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 		if local == nil {
 			return store.BaseGone(fromKey)
 		}
-		return st.PutFile(ctx, name, local, func(stp store.Stamp) { done(&stp) })
+		return st.PutFile(ctx, name, local, func(stp store.Stamp, err error) { done(&stp, err) })
 	} else if err != nil {
 		store.CloseLocal(local)
 		return err
 	}
 	store.CloseLocal(local)
 	st.landed(name, 0)
-	done(nil)
+	done(nil, nil)
 	return nil
 }
 

@@ -9,6 +9,7 @@ package memstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -367,7 +368,7 @@ func (st *stager) Put(ctx context.Context, name string, r io.Reader, size int64)
 	return st.land(name, data, int64(len(data)))
 }
 
-func (st *stager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp)) error {
+func (st *stager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp, error)) error {
 	defer f.Close()
 	if err := st.name(name); err != nil {
 		return err
@@ -378,19 +379,23 @@ func (st *stager) PutFile(ctx context.Context, name string, f *os.File, done fun
 		_, err := store.CopyExactly(&buf, f, size)
 		return err
 	})
+	if errors.Is(err, store.ErrUnsettled) {
+		done(store.Stamp{}, err) // nothing landed
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	if err := st.land(name, buf.Bytes(), int64(stp.Size)); err != nil {
 		return err
 	}
-	done(stp)
+	done(stp, nil)
 	return nil
 }
 
 func (st *stager) Flush(ctx context.Context) error { return ctx.Err() }
 
-func (st *stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp)) error {
+func (st *stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp, error)) error {
 	if err := st.name(name); err != nil {
 		store.CloseLocal(local)
 		return err
@@ -409,13 +414,13 @@ func (st *stager) Reuse(ctx context.Context, name, fromKey string, local *os.Fil
 		if local == nil {
 			return store.BaseGone(fromKey)
 		}
-		return st.PutFile(ctx, name, local, func(stp store.Stamp) { done(&stp) })
+		return st.PutFile(ctx, name, local, func(stp store.Stamp, err error) { done(&stp, err) })
 	}
 	store.CloseLocal(local)
 	if err := st.land(name, bytes.Clone(data), 0); err != nil {
 		return err
 	}
-	done(nil)
+	done(nil, nil)
 	return nil
 }
 

@@ -378,7 +378,7 @@ func (st *s3Stager) Put(ctx context.Context, name string, r io.Reader, size int6
 	return st.put(ctx, key, bytes.NewReader(data), size)
 }
 
-func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp)) error {
+func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done func(store.Stamp, error)) error {
 	key, err := st.objectKey(name)
 	if err != nil {
 		f.Close()
@@ -387,10 +387,14 @@ func (st *s3Stager) PutFile(ctx context.Context, name string, f *os.File, done f
 	st.g.Go(func() error {
 		defer f.Close()
 		stp, err := st.putStable(name, key, f)
+		if errors.Is(err, store.ErrUnsettled) {
+			done(stp, err)
+			return nil
+		}
 		if err != nil {
 			return err
 		}
-		done(stp)
+		done(stp, nil)
 		return nil
 	})
 	return nil
@@ -404,6 +408,14 @@ func (st *s3Stager) putStable(name, key string, f *os.File) (store.Stamp, error)
 		// under this save's own new revision.
 		return st.putObject(st.gctx, key, io.NewSectionReader(f, 0, size), size, attempt == 0, false)
 	})
+	if errors.Is(err, store.ErrUnsettled) {
+		// Nothing is left at key: the last try's object may hold torn
+		// bytes.
+		if _, derr := st.s.Client.DeleteObject(st.gctx, &s3.DeleteObjectInput{Bucket: &st.s.Bucket, Key: aws.String(key)}); derr != nil {
+			return store.Stamp{}, st.s.wrap("delete", key, derr)
+		}
+		return store.Stamp{}, err
+	}
 	if err != nil {
 		return store.Stamp{}, err
 	}
@@ -478,7 +490,7 @@ func (st *s3Stager) putObject(ctx context.Context, key string, body io.ReadSeeke
 	return nil
 }
 
-func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp)) error {
+func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.File, done func(*store.Stamp, error)) error {
 	if err := store.CheckKey(fromKey); err != nil {
 		store.CloseLocal(local)
 		return err
@@ -497,7 +509,7 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 		switch {
 		case err == nil:
 			st.record(key, 0)
-			done(nil)
+			done(nil, nil)
 			return nil
 		case s3client.IsPrecondition(err):
 			st.disown(key)
@@ -509,10 +521,14 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 				return store.BaseGone(fromKey)
 			}
 			stp, err := st.putStable(name, key, local)
+			if errors.Is(err, store.ErrUnsettled) {
+				done(nil, err)
+				return nil
+			}
 			if err != nil {
 				return err
 			}
-			done(&stp)
+			done(&stp, nil)
 			return nil
 		}
 		return st.s.wrap("copy", key, err)

@@ -164,7 +164,14 @@ func testPutFile(t *testing.T, b Base) {
 	}
 	var got *store.Stamp
 	var mu sync.Mutex
-	if err := st.PutFile(ctx, "files/f", f, func(stp store.Stamp) { mu.Lock(); got = &stp; mu.Unlock() }); err != nil {
+	if err := st.PutFile(ctx, "files/f", f, func(stp store.Stamp, err error) {
+		if err != nil {
+			t.Errorf("PutFile of a quiet file: %v", err)
+		}
+		mu.Lock()
+		got = &stp
+		mu.Unlock()
+	}); err != nil {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
@@ -185,7 +192,7 @@ func testReuse(t *testing.T, b Base) {
 		t.Fatal(err)
 	}
 	called := false
-	if err := st.Reuse(ctx, "files/a", "revisions/r1/files/a", tempFile(t, "kept bytes"), func(stp *store.Stamp) {
+	if err := st.Reuse(ctx, "files/a", "revisions/r1/files/a", tempFile(t, "kept bytes"), func(stp *store.Stamp, _ error) {
 		called = true
 		if stp != nil {
 			t.Error("a reused object reported bytes written from the tree")
@@ -217,7 +224,7 @@ func testReuseGone(t *testing.T, b Base) {
 	}
 	var got *store.Stamp
 	var mu sync.Mutex
-	if err := st.Reuse(ctx, "files/a", "revisions/r1/files/a", tempFile(t, "from the tree"), func(stp *store.Stamp) { mu.Lock(); got = stp; mu.Unlock() }); err != nil {
+	if err := st.Reuse(ctx, "files/a", "revisions/r1/files/a", tempFile(t, "from the tree"), func(stp *store.Stamp, _ error) { mu.Lock(); got = stp; mu.Unlock() }); err != nil {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
@@ -234,7 +241,7 @@ func testReuseGone(t *testing.T, b Base) {
 		t.Fatal(err)
 	}
 	defer st.Abort(ctx)
-	err = st.Reuse(ctx, "files/b", "revisions/r1/files/b", nil, func(*store.Stamp) {})
+	err = st.Reuse(ctx, "files/b", "revisions/r1/files/b", nil, func(*store.Stamp, error) {})
 	if err == nil {
 		err = st.Flush(ctx)
 	}
@@ -261,7 +268,7 @@ func testForeign(t *testing.T, b Base) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Reuse(ctx, "files/a", key, nil, func(*store.Stamp) {}); err != nil {
+	if err := st.Reuse(ctx, "files/a", key, nil, func(*store.Stamp, error) {}); err != nil {
 		t.Fatal(err)
 	}
 	put(t, st, "manifest.json", "{}")
