@@ -126,8 +126,18 @@ func TestFstab(t *testing.T) {
 // from a file store.
 func (e *env) revisionFile(t *testing.T, id, rel string) string {
 	t.Helper()
+	return e.revisionFileAt(t, id, readIndex(t, e, id).Current, rel)
+}
+
+// revisionFileAt reads rel from revision rev of workspace id, straight
+// from a file store.
+func (e *env) revisionFileAt(t *testing.T, id, rev, rel string) string {
+	t.Helper()
 	idx := readIndex(t, e, id)
-	cur, _ := idx.Find(idx.Current)
+	cur, ok := idx.Find(rev)
+	if !ok {
+		t.Fatalf("no revision %s of %s", rev, id)
+	}
 	if cur.Format == format.FormatArchive {
 		// Read as AML's archive reader would: the tar stream.
 		f, err := os.Open(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path)))

@@ -30,6 +30,7 @@ type Metrics struct {
 	s3Seconds  *prometheus.HistogramVec
 	saves      *prometheus.CounterVec
 	saveSecs   prometheus.Histogram
+	frozen     prometheus.Histogram
 	saveBytes  *prometheus.CounterVec
 	restores   *prometheus.CounterVec
 	restSecs   prometheus.Histogram
@@ -63,6 +64,10 @@ func New() *Metrics {
 	m.saveSecs = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "save_duration_seconds", Help: "Time of saves that published a revision.", Buckets: prometheus.ExponentialBuckets(0.01, 4, 9),
 	})
+	m.frozen = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "writers_frozen_seconds", Help: "How long each checkpoint held the writers' cgroup frozen (--freeze-cgroup, amlfs exec): the longest a writer waited.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+	})
 	m.saveBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "save_bytes_total", Help: "File bytes of published revisions: uploaded, or reused from the previous revision.",
 	}, []string{"kind"})
@@ -75,7 +80,7 @@ func New() *Metrics {
 	m.restBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "restore_bytes_total", Help: "File bytes of restored revisions (lazily restored files count when restored as placeholders).",
 	})
-	f.MustRegister(m.fuseOps, m.fuseErrors, m.s3Reqs, m.s3Seconds, m.saves, m.saveSecs, m.saveBytes, m.restores, m.restSecs, m.restBytes)
+	f.MustRegister(m.fuseOps, m.fuseErrors, m.s3Reqs, m.s3Seconds, m.saves, m.saveSecs, m.frozen, m.saveBytes, m.restores, m.restSecs, m.restBytes)
 	return m
 }
 
@@ -124,6 +129,14 @@ func (m *Metrics) Save(result string, d time.Duration, uploaded, reused int64) {
 		m.saveBytes.WithLabelValues("uploaded").Add(float64(uploaded))
 		m.saveBytes.WithLabelValues("reused").Add(float64(reused))
 	}
+}
+
+// Frozen records how long a checkpoint held the writers frozen.
+func (m *Metrics) Frozen(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.frozen.Observe(d.Seconds())
 }
 
 // Restore records a restore at mount.

@@ -83,6 +83,9 @@ type RevisionConfig struct {
 	NoGitignore    bool     `key:"no-gitignore" usage:"save paths .gitignore ignores"`
 	DiscardUnsaved bool     `key:"discard-unsaved" usage:"throw away a working tree a crashed or failed run left unsaved, instead of resuming it"`
 	StrictEntries  bool     `key:"strict-entries" usage:"fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"`
+	// FreezeCgroup is the cgroup v2 directory of the processes that write
+	// the tree, frozen while a checkpoint reads it.
+	FreezeCgroup string `key:"freeze-cgroup" usage:"cgroup v2 directory of the processes that write the tree (a container's): frozen while a checkpoint reads it, so that it is the tree at one instant (amlfs exec makes its command's own)"`
 	// Restore is "lazy" (placeholders fetched on first use) or "full".
 	Restore      string        `key:"restore" usage:"lazy: mount once the manifest is read and fetch each file's bytes on first use; full: fetch everything first"`
 	Prefetch     int           `key:"prefetch" zero:"valid" usage:"background fetches at once after a lazy restore (0: fetch only on use)"`
@@ -298,6 +301,8 @@ func (r *RevisionConfig) Validate() error {
 		return invalid(r.Restore, "restore must be lazy or full")
 	case r.Prefetch < 0:
 		return invalid(fmt.Sprint(r.Prefetch), "prefetch must be 0 or more")
+	case r.FreezeCgroup != "" && !filepath.IsAbs(r.FreezeCgroup):
+		return invalid(r.FreezeCgroup, "freeze-cgroup must be an absolute path (a cgroup v2 directory, such as /sys/fs/cgroup/mycontainer)")
 	case r.Retention < 1:
 		return invalid(fmt.Sprint(r.Retention), "retention must be at least 1")
 	case r.FetchTimeout < 0:

@@ -29,7 +29,10 @@ import (
 
 // Daemon is one running mount.
 type Daemon struct {
-	cfg   Config
+	// freezer, if set, freezes the writers' cgroup while a checkpoint
+	// reads the tree (--freeze-cgroup, or amlfs exec's own).
+	freezer *cgroupFreezer
+	cfg     Config
 	log   *slog.Logger
 	hooks Hooks
 	slot  *os.File // flock'd claim on the working-directory slot
@@ -253,6 +256,14 @@ func (d *Daemon) start(ctx context.Context) error {
 	// refused) before the store is touched or a lease taken.
 	if err := d.chooseServe(); err != nil {
 		return err
+	}
+	if cfg.FreezeCgroup != "" {
+		f, err := openFreezer(cfg.FreezeCgroup)
+		if err != nil {
+			return invalid(cfg.FreezeCgroup, "%v", err)
+		}
+		d.freezer = f
+		d.closers = append(d.closers, f.Close)
 	}
 	st, err := OpenStore(ctx, cfg.Store, cfg.S3, cfg.ID)
 	if err != nil {

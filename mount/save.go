@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/amlfs/amlfs/revision"
@@ -63,6 +64,9 @@ func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, err
 	if d.ws == nil {
 		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to %s", what)
 	}
+	// The writers' cgroup first: a process it holds must not be waiting
+	// on a FUSE call the barrier holds back.
+	defer d.freezeWriters()()
 	thaw := d.fs.Freeze()
 	defer thaw()
 	d.setPhase("committing")
@@ -261,3 +265,38 @@ func (s *SaveInfo) Note() string {
 	return fmt.Sprintf("revision %s left out %d special file%s (sockets, fifos, devices), which no revision can hold: %s%s (--strict-entries fails the save instead)",
 		s.Revision, s.SpecialFilesSkipped, plural, strings.Join(s.SpecialFiles, ", "), more)
 }
+
+// freezeWriters freezes the writers' cgroup, if one is known, and returns
+// what thaws it. A cgroup that does not freeze in time is thawed, and the
+// save reads the tree as it changes, as without one; so is one the save
+// would hold longer than maxFreeze.
+func (d *Daemon) freezeWriters() func() {
+	if d.freezer == nil {
+		return func() {}
+	}
+	start := time.Now()
+	thawCgroup, err := d.freezer.Freeze(context.Background())
+	if err != nil {
+		d.log.Warn("could not freeze the writers; the checkpoint reads the tree as it changes", "op", "freeze", "err", err)
+		return func() {}
+	}
+	var once sync.Once
+	thaw := func() {
+		once.Do(func() {
+			thawCgroup()
+			d.metrics.Frozen(time.Since(start))
+			d.log.Debug("writers thawed", "op", "freeze", "seconds", time.Since(start).Seconds())
+		})
+	}
+	limit := time.AfterFunc(maxFreeze, func() {
+		d.log.Warn("the checkpoint held the writers frozen for the longest it may; thawed them, and it reads the rest of the tree as it changes", "op", "freeze", "limit", maxFreeze)
+		thaw()
+	})
+	return func() {
+		limit.Stop()
+		thaw()
+	}
+}
+
+// maxFreeze bounds how long a checkpoint holds the writers frozen.
+const maxFreeze = 30 * time.Second

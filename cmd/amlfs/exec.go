@@ -54,6 +54,17 @@ func execCommand() *cli.Command {
 				cfg.ID = uuid.NewString()
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: workspace id: %s\n", cfg.ID)
 			}
+			// CMD runs in a cgroup of its own, which the daemon freezes
+			// while a checkpoint reads the tree: the command and every
+			// process it starts (a git auto-gc left in the background)
+			// stand still, and the checkpoint is the tree at one instant.
+			cgroupFD := -1
+			if cfg.FreezeCgroup == "" && os.Geteuid() == 0 {
+				if dir, fd, remove, err := mount.NewExecCgroup(); err == nil {
+					cfg.FreezeCgroup, cgroupFD = dir, fd
+					defer remove()
+				}
+			}
 			// Signals that come while mounting are CMD's too: hold them.
 			sigs := make(chan os.Signal, 4)
 			signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -69,7 +80,15 @@ func execCommand() *cli.Command {
 				cl.Unmount(context.WithoutCancel(c.Context), true, "")
 				return amlerr.New(amlerr.InvalidConfig, c.String("cwd"), "--cwd must name a directory in the mount")
 			}
-			status, cancelled, runErr := runIn(cwd, argv, sigs, c.Duration("stop-timeout"), c)
+			if cgroupFD >= 0 {
+				wctx, stopWatch := context.WithCancel(context.WithoutCancel(c.Context))
+				defer stopWatch()
+				go mount.WatchFrozen(wctx, cfg.FreezeCgroup, func(ctx context.Context) bool {
+					_, err := cl.Status(ctx)
+					return err == nil
+				})
+			}
+			status, cancelled, runErr := runIn(cwd, argv, cgroupFD, sigs, c.Duration("stop-timeout"), c)
 			// The command's status decides: one that traps SIGTERM,
 			// finishes its work and exits 0 has succeeded.
 			save := cfg.Save == mount.SaveAlways || cfg.Save == mount.SaveOnSuccess && status == 0
@@ -105,9 +124,10 @@ func execCommand() *cli.Command {
 }
 
 // runIn runs argv in dir with the caller's stdio, forwarding SIGTERM and
-// SIGINT. It returns the exit status (128+N for a signal N), and whether
-// a signal came before the command ended.
-func runIn(dir string, argv []string, sigs chan os.Signal, stopTimeout time.Duration, c *cli.Context) (int, bool, error) {
+// SIGINT, in the cgroup cgroupFD if not -1. It returns the exit status
+// (128+N for a signal N), and whether a signal came before the command
+// ended.
+func runIn(dir string, argv []string, cgroupFD int, sigs chan os.Signal, stopTimeout time.Duration, c *cli.Context) (int, bool, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
@@ -116,8 +136,9 @@ func runIn(dir string, argv []string, sigs chan os.Signal, stopTimeout time.Dura
 	// children stop too, and release the mount. On a terminal CMD stays
 	// in the foreground group, which the terminal signals itself.
 	group := !isTTY(os.Stdin)
-	if group {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: group}
+	if cgroupFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgroupFD
 	}
 	cancelled := false
 	// A signal that came while mounting ends the command before it starts.

@@ -186,6 +186,9 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	if cfg.ID != "" { // --store none has none
 		args = append(args, "--id", cfg.ID)
 	}
+	if cfg.FreezeCgroup != "" && !c.IsSet("freeze-cgroup") { // amlfs exec's own
+		args = append(args, "--freeze-cgroup", cfg.FreezeCgroup)
+	}
 	args = append(args, cfg.Mountpoint)
 	cmd := exec.Command("/proc/self/exe", args...)
 	cmd.Env = append(os.Environ(), readyFdEnv+"=3")

@@ -1,0 +1,105 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestExecFreezesWriters: under amlfs exec the command runs in a cgroup of
+// its own, which the daemon freezes while a checkpoint reads the tree. A
+// background writer that rewrites a file in place without pause (as git's
+// auto-gc or a database would) is frozen with it: each commit from inside
+// the command reads the tree once, at one instant, and saves the file's
+// current bytes (none saved "as in the previous revision"), whole. The
+// cgroup is gone after the run. Through FUSE and natively.
+func TestExecFreezesWriters(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err != nil {
+		if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err != nil {
+			t.Skip("no cgroup v2 hierarchy")
+		}
+	}
+	for _, serve := range []string{"fuse", "native"} {
+		t.Run(serve, func(t *testing.T) {
+			e := newEnv(t)
+			if serve == "native" {
+				needNative(t, e)
+			}
+			mp := filepath.Join(e.root, "mnt-freeze")
+			out := filepath.Join(e.root, "commits")
+			// The writer: one open descriptor, the file rewritten in
+			// place with one version after another, nonstop.
+			writer := `import os, sys
+fd = os.open("busy", os.O_RDWR | os.O_CREAT, 0o644)
+i = 0
+while True:
+    i += 1
+    os.pwrite(fd, (("v%d " % i) * 200000).encode(), 0)
+`
+			script := fmt.Sprintf(`cat /proc/self/cgroup > %[1]s.cgroup
+python3 -c '%[2]s' & W=$!
+sleep 0.5
+for n in 1 2 3; do %[3]s commit %[4]s >/dev/null && %[3]s status %[4]s --json >> %[1]s || exit 9; sleep 0.2; done
+kill $W; wait $W 2>/dev/null; exit 0`, out, writer, amlfsBin, mp)
+			args := append([]string{"exec"}, e.wsArgs("frz", "--serve", serve, "--retention", "5")...)
+			r := e.amlfs(append(args, mp, "--", "sh", "-c", script)...)
+			if isMounted(mp) {
+				e.forceUnmount(mp)
+			}
+			if r.code != 0 {
+				t.Fatalf("exec: %s", r)
+			}
+			cg, _ := os.ReadFile(out + ".cgroup")
+			name := ""
+			for _, l := range strings.Split(string(cg), "\n") {
+				if rel, ok := strings.CutPrefix(l, "0::"); ok {
+					name = filepath.Base(rel)
+				}
+			}
+			if !strings.HasPrefix(name, "amlfs-exec-") {
+				t.Fatalf("the command ran in cgroup %q, not one of its own", cg)
+			}
+			for _, root := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+				if _, err := os.Stat(filepath.Join(root, name)); err == nil {
+					t.Errorf("the command's cgroup %s is left behind", name)
+				}
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dec := json.NewDecoder(strings.NewReader(string(data)))
+			commits := 0
+			for dec.More() {
+				var st struct {
+					LastSave struct {
+						Revision string   `json:"revision"`
+						Attempts int      `json:"attempts"`
+						Earlier  []string `json:"earlier"`
+						LeftOut  []string `json:"leftOut"`
+						Warning  string   `json:"warning"`
+					} `json:"lastSave"`
+				}
+				if err := dec.Decode(&st); err != nil {
+					t.Fatal(err)
+				}
+				commits++
+				ls := st.LastSave
+				if len(ls.Earlier)+len(ls.LeftOut) > 0 || ls.Attempts > 1 || ls.Warning != "" {
+					t.Errorf("commit %d was not of one instant: %+v", commits, ls)
+				}
+				// The file as saved: one version, whole.
+				got := e.revisionFileAt(t, "frz", ls.Revision, "busy")
+				if f := strings.Fields(got); len(f) == 0 || strings.Count(got, f[0]+" ") != len(f) {
+					t.Errorf("commit %d: busy is torn or empty (%d bytes)", commits, len(got))
+				}
+			}
+			if commits != 3 {
+				t.Errorf("%d commits recorded, want 3", commits)
+			}
+		})
+	}
+}
