@@ -33,11 +33,11 @@ type Daemon struct {
 	// reads the tree (--freeze-cgroup, or amlfs exec's own).
 	freezer *cgroupFreezer
 	cfg     Config
-	log   *slog.Logger
-	hooks Hooks
-	slot  *os.File // flock'd claim on the working-directory slot
-	ws    *revision.Workspace
-	fs    server
+	log     *slog.Logger
+	hooks   Hooks
+	slot    *os.File // flock'd claim on the working-directory slot
+	ws      *revision.Workspace
+	fs      server
 	// shown is the stat data the FUSE mount shows for restored files.
 	shown *shown.Shown
 	// fuseFS is the workspace's FUSE mount, when served through FUSE:
