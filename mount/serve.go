@@ -92,7 +92,12 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 	// A restore made new inodes: git's indexes are pointed at them, so
 	// that the first git status neither rehashes nor fetches the tree.
 	// It only saves work: a failure is logged, never fatal.
-	if gr, err := d.ws.RefreshGitIndexes(ctx, cfg.Mountpoint); err != nil {
+	// A linked worktree records its path as the sandbox sees it.
+	seen := cfg.Mountpoint
+	if cfg.SandboxPath != "" {
+		seen = cfg.SandboxPath
+	}
+	if gr, err := d.ws.RefreshGitIndexes(ctx, seen); err != nil {
 		log.Warn("refresh git indexes after the restore", "err", err)
 	} else if gr.Indexes > 0 {
 		log.Info("git indexes refreshed after the restore", "indexes", gr.Indexes, "entries", gr.Refreshed, "left alone", gr.Left,
