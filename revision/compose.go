@@ -125,11 +125,7 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	// view): the same as saved through FUSE, the disk's own natively.
 	shown := func(e format.ArchiveEntry) format.ArchiveEntry {
 		stp := plan.kept[e.Path]
-		ino, ctime := job.src.view.Saved(stp.Ino, stp.Ctime.Nano())
-		e.Stat.Ino, e.Stat.Ctime = ino, format.Mtime(ctime)
-		if e.Stat.Ino > format.MaxShownIno {
-			e.Stat.Ino, e.Stat.Ctime = 0, 0
-		}
+		showStat(&e.TreeEntry, job.src.view, stp.Ino, stp.Ctime.Nano())
 		return e
 	}
 	for _, r := range plan.runs {
@@ -204,12 +200,8 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 		if gone {
 			continue // removed or replaced since the snapshot
 		}
-		te.Size, te.Mtime = int64(sp.st.Size), format.Mtime(sp.st.Mtime.Nano())
-		ino, ctime := job.src.view.Saved(sp.st.Ino, sp.st.Ctime.Nano())
-		te.Stat.Ino, te.Stat.Ctime = ino, format.Mtime(ctime)
-		if te.Stat.Ino > format.MaxShownIno {
-			te.Stat.Ino, te.Stat.Ctime = 0, 0
-		}
+		fromStamp(&te, sp.st)
+		showStat(&te, job.src.view, sp.st.Ino, sp.st.Ctime.Nano())
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return out, err
 		}
@@ -248,8 +240,8 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 // reads it again. It reports false, having written nothing, when the base
 // has no such file (or its bytes are gone).
 func (w *Workspace) writeEarlier(ctx context.Context, aw *format.ComposeWriter, job archiveJob, te format.TreeEntry) (bool, error) {
-	bf, ok := job.base.saved(te.Path)
-	if !ok || journalOf(te.Path) {
+	bf, ok := job.base.earlier(te.Path)
+	if !ok {
 		return false, nil
 	}
 	rc, err := job.src.openFileBytes(ctx, bf.key)
@@ -259,12 +251,8 @@ func (w *Workspace) writeEarlier(ctx context.Context, aw *format.ComposeWriter, 
 		return false, err
 	}
 	defer rc.Close()
-	te.Size, te.Mtime = int64(bf.stamp.Size), format.Mtime(bf.stamp.Mtime.Nano())
-	ino, ctime := job.src.view.Saved(bf.stamp.Ino, bf.stamp.Ctime.Nano())
-	te.Stat.Ino, te.Stat.Ctime = ino, format.Mtime(ctime)
-	if te.Stat.Ino > format.MaxShownIno {
-		te.Stat.Ino, te.Stat.Ctime = 0, 0
-	}
+	fromStamp(&te, bf.stamp)
+	showStat(&te, job.src.view, bf.stamp.Ino, bf.stamp.Ctime.Nano())
 	return true, aw.File(te, rc)
 }
 

@@ -333,8 +333,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 					}
 					if read != nil {
 						// Its base was pruned: uploaded from the tree.
-						entries[i].Size, entries[i].Mtime = int64(read.Size), format.Mtime(read.Mtime.Nano())
-						entries[i].Stat.Ino, entries[i].Stat.Ctime = read.Ino, format.Mtime(read.Ctime.Nano())
+						fromStamp(&entries[i], *read)
 						up.uploaded++
 						up.uploadedBytes += int64(read.Size)
 						up.baseGone++
@@ -375,9 +374,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 			}
 			// The manifest holds the bytes as read: their size and
 			// mtime, which may be newer than the snapshot's.
-			entries[i].Size = int64(stp.Size)
-			entries[i].Mtime = format.Mtime(stp.Mtime.Nano())
-			entries[i].Stat.Ino, entries[i].Stat.Ctime = stp.Ino, format.Mtime(stp.Ctime.Nano())
+			fromStamp(&entries[i], stp)
 			up.uploaded++
 			up.uploadedBytes += int64(stp.Size)
 			up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
@@ -394,8 +391,8 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 	// is left out. Its stamp is not recorded: the next save reads it.
 	for _, i := range unsettled {
 		te := entries[i]
-		bf, ok := base.saved(te.Path)
-		if !ok || journalOf(te.Path) {
+		bf, ok := base.earlier(te.Path)
+		if !ok {
 			gone[te.Path] = true
 			up.leftOut = append(up.leftOut, te.Path)
 			continue
@@ -408,8 +405,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 		} else if err != nil {
 			return up, err
 		}
-		entries[i].Size, entries[i].Mtime = int64(bf.stamp.Size), format.Mtime(bf.stamp.Mtime.Nano())
-		entries[i].Stat.Ino, entries[i].Stat.Ctime = bf.stamp.Ino, format.Mtime(bf.stamp.Ctime.Nano())
+		fromStamp(&entries[i], bf.stamp)
 		up.reused++
 		up.earlier = append(up.earlier, te.Path)
 	}
@@ -428,11 +424,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 	// The manifest keeps the inode numbers and ctimes the mount shows.
 	for i, te := range up.entries {
 		if te.Stat.Ino != 0 {
-			ino, ctime := src.view.Saved(te.Stat.Ino, int64(te.Stat.Ctime))
-			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = ino, format.Mtime(ctime)
-		}
-		if up.entries[i].Stat.Ino > format.MaxShownIno {
-			up.entries[i].Stat.Ino, up.entries[i].Stat.Ctime = 0, 0
+			showStat(&up.entries[i], src.view, te.Stat.Ino, int64(te.Stat.Ctime))
 		}
 	}
 	// Files may have grown since the snapshot's check.

@@ -27,16 +27,35 @@ type baseTree struct {
 	files map[string]baseFile // GUARDED_BY(mu): by revision path
 }
 
-// saved returns what the base holds of file p (its stamp when saved or
-// restored, and its key), whatever the file is now.
-func (b *baseTree) saved(p string) (baseFile, bool) {
-	if b == nil {
+// earlier returns what the base holds of file p (its stamp when saved or
+// restored, and its key), whatever the file is now: the bytes a save
+// takes for a file whose every reading changed under it. A database
+// journal (journalOf) has none: it is left out instead.
+func (b *baseTree) earlier(p string) (baseFile, bool) {
+	if b == nil || journalOf(p) {
 		return baseFile{}, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	f, ok := b.files[p]
 	return f, ok
+}
+
+// fromStamp gives te the size and mtime of the bytes st describes, and
+// their backing inode number and ctime.
+func fromStamp(te *format.TreeEntry, st store.Stamp) {
+	te.Size, te.Mtime = int64(st.Size), format.Mtime(st.Mtime.Nano())
+	te.Stat.Ino, te.Stat.Ctime = st.Ino, format.Mtime(st.Ctime.Nano())
+}
+
+// showStat gives te the inode number and ctime view shows for the backing
+// inode ino with ctime (ns); a number past MaxShownIno is not kept.
+func showStat(te *format.TreeEntry, view StatView, ino uint64, ctime int64) {
+	ino, ctime = view.Saved(ino, ctime)
+	te.Stat.Ino, te.Stat.Ctime = ino, format.Mtime(ctime)
+	if te.Stat.Ino > format.MaxShownIno {
+		te.Stat.Ino, te.Stat.Ctime = 0, 0
+	}
 }
 
 // refresh updates p's stamp after its bytes were fetched in place, if p is
