@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
 
@@ -189,19 +190,16 @@ func (w *Workspace) refreshIndex(ctx context.Context, t *tree, ix, wt string, by
 	if err != nil {
 		return err.Error()
 	}
-	var notSaved, stale, unrestored int
-	dirs := dirCache{t: t, fds: map[string]int{}}
+	dirs := dirCache{t: t, dirs: map[string]*os.File{}}
 	defer dirs.close()
-	mt := byPath[ix].Mtime
-	written := gitindex.Time{Sec: uint32(int64(mt) / 1e9), Nsec: uint32(int64(mt) % 1e9)}
-	out, r, err := gitindex.Refresh(data, written, func(e gitindex.Entry) (gitindex.Stat, bool) {
+	out, r, err := gitindex.Refresh(data, gitTime(int64(byPath[ix].Mtime)), func(e gitindex.Entry) (gitindex.Stat, bool) {
 		te := byPath[path.Join(wt, e.Path)]
 		if te == nil || te.Stat.Ino == 0 || te.Stat.Ctime == 0 {
-			notSaved++
+			res.NotSaved++
 			return e.Stat, false
 		}
 		if (e.Mode&0o170000 == 0o120000) != (te.Type == format.TypeSymlink) || (te.Type != format.TypeFile && te.Type != format.TypeSymlink) {
-			stale++
+			res.Stale++
 			return e.Stat, false
 		}
 		size := te.Size
@@ -209,27 +207,21 @@ func (w *Workspace) refreshIndex(ctx context.Context, t *tree, ix, wt string, by
 			size = int64(len(te.Target)) // what lstat gives, and git records
 		}
 		if want := gitStat(te.Mtime, te.Stat.Ctime, te.Stat.Ino, te.Stat.Uid, te.Stat.Gid, size, e.Stat); e.Stat != want {
-			stale++
+			res.Stale++
 			return e.Stat, false // git saw other stat data than the saved ones
 		}
 		var st unix.Stat_t
 		if err := dirs.stat(path.Join(wt, e.Path), &st); err != nil || st.Size != size || unix.TimespecToNsec(st.Mtim) != int64(te.Mtime) {
-			unrestored++
+			res.Unrestored++
 			return e.Stat, false // not as the restore made it
 		}
-		return gitindex.Stat{
-			Ctime: gitindex.Time{Sec: uint32(st.Ctim.Sec), Nsec: uint32(st.Ctim.Nsec)},
-			Mtime: gitindex.Time{Sec: uint32(st.Mtim.Sec), Nsec: uint32(st.Mtim.Nsec)},
-			Dev:   uint32(st.Dev), Ino: uint32(st.Ino), Uid: st.Uid, Gid: st.Gid, Size: uint32(st.Size),
-		}, true
+		return gitindex.Stat{Ctime: gitTime(st.Ctim.Nano()), Mtime: gitTime(st.Mtim.Nano()),
+			Dev: uint32(st.Dev), Ino: uint32(st.Ino), Uid: st.Uid, Gid: st.Gid, Size: uint32(st.Size)}, true
 	})
 	if err != nil {
 		return err.Error()
 	}
 	res.Racy += r.Racy
-	res.NotSaved += notSaved
-	res.Stale += stale
-	res.Unrestored += unrestored
 	if r.Refreshed == 0 || bytes.Equal(out, data) {
 		return ""
 	}
@@ -248,9 +240,14 @@ func (w *Workspace) refreshIndex(ctx context.Context, t *tree, ix, wt string, by
 // either: an entry git trusted because its seconds matched is trusted here
 // too, and no other.
 func gitStat(mtime, ctime format.Mtime, ino uint64, uid, gid uint32, size int64, have gitindex.Stat) gitindex.Stat {
-	sec := func(m format.Mtime) uint32 { return uint32(int64(m) / 1e9) }
-	return gitindex.Stat{Ctime: gitindex.Time{Sec: sec(ctime), Nsec: have.Ctime.Nsec}, Mtime: gitindex.Time{Sec: sec(mtime), Nsec: have.Mtime.Nsec},
-		Dev: have.Dev, Ino: uint32(ino), Uid: uid, Gid: gid, Size: uint32(size)}
+	ct, mt := gitTime(int64(ctime)), gitTime(int64(mtime))
+	ct.Nsec, mt.Nsec = have.Ctime.Nsec, have.Mtime.Nsec
+	return gitindex.Stat{Ctime: ct, Mtime: mt, Dev: have.Dev, Ino: uint32(ino), Uid: uid, Gid: gid, Size: uint32(size)}
+}
+
+// gitTime is a time in nanoseconds as the index keeps it.
+func gitTime(ns int64) gitindex.Time {
+	return gitindex.Time{Sec: uint32(ns / 1e9), Nsec: uint32(ns % 1e9)}
 }
 
 // writeLike replaces the file rel with data as git replaces its index: a
@@ -300,34 +297,26 @@ func writeLike(t *tree, rel string, data []byte) error {
 // dirCache stats files beneath a tree by their directory's descriptor,
 // each directory opened once (beneath the root, no symlink followed).
 type dirCache struct {
-	t   *tree
-	fds map[string]int
+	t    *tree
+	dirs map[string]*os.File
 }
 
 func (c *dirCache) stat(rel string, st *unix.Stat_t) error {
 	dir, name := path.Split(rel)
 	dir = strings.TrimSuffix(dir, "/")
-	fd, ok := c.fds[dir]
+	d, ok := c.dirs[dir]
 	if !ok {
-		f, err := c.t.open(dir, unix.O_RDONLY|unix.O_DIRECTORY)
-		if err != nil {
+		var err error
+		if d, err = c.t.open(dir, unix.O_RDONLY|unix.O_DIRECTORY); err != nil {
 			return err
 		}
-		fd = int(f.Fd())
-		// The map owns the descriptor from here; the *os.File must not
-		// close it when collected.
-		if fd, err = unix.Dup(fd); err != nil {
-			f.Close()
-			return err
-		}
-		f.Close()
-		c.fds[dir] = fd
+		c.dirs[dir] = d
 	}
-	return unix.Fstatat(fd, name, st, unix.AT_SYMLINK_NOFOLLOW)
+	return unix.Fstatat(int(d.Fd()), name, st, unix.AT_SYMLINK_NOFOLLOW)
 }
 
 func (c *dirCache) close() {
-	for _, fd := range c.fds {
-		unix.Close(fd)
+	for _, d := range c.dirs {
+		d.Close()
 	}
 }
