@@ -92,12 +92,12 @@ func (f *cgroupFreezer) Freeze(ctx context.Context) (thaw func(), err error) {
 	thaw = func() { f.write("cgroup.freeze", "0") }
 	deadline := time.Now().Add(freezeTimeout)
 	for {
-		ev, err := f.read("cgroup.events")
+		frozen, err := f.frozen()
 		if err != nil {
 			thaw()
 			return nil, fmt.Errorf("freeze %s: %w", f.dir, err)
 		}
-		if bytes.Contains(ev, []byte("frozen 1")) {
+		if frozen {
 			return thaw, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -106,6 +106,12 @@ func (f *cgroupFreezer) Freeze(ctx context.Context) (thaw func(), err error) {
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
+}
+
+// frozen reports whether the kernel says the cgroup is frozen.
+func (f *cgroupFreezer) frozen() (bool, error) {
+	ev, err := f.read("cgroup.events")
+	return bytes.Contains(ev, []byte("frozen 1")), err
 }
 
 // Close releases the directory.
@@ -208,6 +214,11 @@ func NewExecCgroup() (path string, fd int, remove func(), err error) {
 // the daemon gone: a daemon that dies mid-checkpoint must not leave the
 // command frozen for ever. It checks every second until ctx ends.
 func WatchFrozen(ctx context.Context, dir string, alive func(context.Context) bool) {
+	f, err := openFreezer(dir)
+	if err != nil {
+		return
+	}
+	defer f.Close()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -216,15 +227,14 @@ func WatchFrozen(ctx context.Context, dir string, alive func(context.Context) bo
 			return
 		case <-t.C:
 		}
-		ev, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
-		if err != nil || !bytes.Contains(ev, []byte("frozen 1")) {
+		if frozen, err := f.frozen(); err != nil || !frozen {
 			continue
 		}
 		actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		ok := alive(actx)
 		cancel()
 		if !ok && ctx.Err() == nil {
-			os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+			f.write("cgroup.freeze", "0")
 		}
 	}
 }
