@@ -73,6 +73,15 @@ func TestRefreshGitIndexes(t *testing.T) {
 			before[r] = gitIn(t, d, "status", "--porcelain") + gitIn(t, d, "diff")
 		}
 
+		// git's objects are read-only; a daemon that is not root cannot
+		// fill a read-only placeholder yet (the fill opens it for
+		// writing), and this test fills them to run git: u+w.
+		filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o200 == 0 {
+				os.Chmod(p, fi.Mode().Perm()|0o200)
+			}
+			return nil
+		})
 		w := openWS(t, base, "git", Options{LazyRestore: true, Format: form})
 		if _, err := w.Save(ctx, dir, format.Selection{}, ""); err != nil {
 			t.Fatal(err)
