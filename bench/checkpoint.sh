@@ -12,8 +12,9 @@
 # FORMATS_LARGE (default archive: a folder of 100k files costs minutes a
 # step, as issue 28 measured); each mount's --max-entries is raised for the
 # tree (n files and n/100 directories). The references, in the same run: `tar -czf`
-# of the tree (first save), `tar -x` of the same tree of empty files
-# (a native lazy mount makes every placeholder up front), and on S3
+# of the tree (first save), `tar -x` of the same tree of empty files on a
+# new ext4 (a native lazy mount makes every placeholder up front; it runs
+# on a new ext4 of its own too), and on S3
 # `rclone sync` of the tree and of a one-file change.
 # Needs root (FUSE, native serving) and versitygw (AMLFS_VERSITYGW);
 # installs awscli and rclone from Debian if missing.
@@ -33,16 +34,28 @@ WORK=${BENCH_DIR:-/var/tmp/amlfs-checkpoint}
 [ -x /usr/bin/rclone ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone >/dev/null
 cleanup() {
   for m in "$WORK"/m*; do "$AM" unmount --no-save "$m" >/dev/null 2>&1 || true; done
+  umount "$WORK/fs" 2>/dev/null || true
   kill $VPID 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 sleep 1
 settle() { sync; sleep 1; }
+# fresh_fs: a new, empty ext4 (an 8 GiB sparse image on a loop device) at
+# $WORK/fs, for the native lazy mount and its tar -x floor.
+fresh_fs() {
+  umount "$WORK/fs" 2>/dev/null || true
+  rm -f "$WORK/fs.img"; truncate -s 8G "$WORK/fs.img"
+  mkfs.ext4 -q -F "$WORK/fs.img"; mkdir -p "$WORK/fs"; mount -o loop "$WORK/fs.img" "$WORK/fs"
+}
 ready() { # ready DIR SERVE: the mount is there, or the run stops
   if [ "$2" = native ]; then mounted_native "$1" "amlfs native" "$AM"; else mounted "$1" amlfs; fi
 }
 ROWS=()
+# waits DIR: the daemon's S3 wait so far, all requests and server copies.
+waits() {
+  "$AM" status --json "$1" | python3 -c 'import json,sys; m=json.load(sys.stdin).get("metrics",{}); print(m.get("amlfs_s3_wait_seconds_total{ops=\"all\"}",0), m.get("amlfs_s3_wait_seconds_total{ops=\"server_copy\"}",0))'
+}
 # row: one line of the table, also printed as it comes (a run that stops
 # half way keeps what it measured).
 row() { ROWS+=("| $1 | $2 | $3 | $4 | $5 |"); echo "| $1 | $2 | $3 | $4 | $5 |" >&2; }
@@ -108,28 +121,42 @@ PY
         FIRST=$LAST
         row "$tag" "first save / tar -czf" "$(printf '%.2fx' "$(ratio $FIRST $TARC)")" - "<= 1.5x"
         echo changed > "$m/d0042/f07"
+        W0=$(waits "$m")
         step "save after a one-file change" "<= 10 requests" "$AM" commit "$m"
+        if [ "$store" = s3 ]; then
+          # Timed apart: the wall-clock time with an S3 request in flight
+          # (the union of their intervals, from the daemon's
+          # amlfs_s3_wait_seconds_total), and of it the server's own
+          # copies (UploadPartCopy, CompleteMultipartUpload, CopyObject).
+          read -r ALL COPY <<<"$(python3 -c 'import sys; a=sys.argv[1].split(); b=sys.argv[2].split(); print(float(b[0])-float(a[0]), float(b[1])-float(a[1]))' "$W0" "$(waits "$m")")"
+          row "$tag" "of it, waiting for S3 (any request in flight)" "$(printf '%.2f' "$ALL")" - -
+          row "$tag" "of that, the server's ranged copies and completion" "$(printf '%.2f' "$COPY")" - -
+          row "$tag" "of it, amlfs's own time (save less waiting for S3)" "$(printf '%.2f' "$(python3 -c "print(max(0, $LAST - $ALL))")")" - "<= 1 s"
+        fi
         sleep 2  # the prune of the previous revision runs after the save returns
         if [ "$store" = s3 ]; then row "$tag" "prune of one revision (after the save returned)" - "$(tail -c +$((MARK + 1)) "$WORK/access.log" | grep -c ' s3_Delete' || true) deletes" "1 request"; fi
         step "save with no change" - "$AM" commit "$m"
         step "fork's first save (commit --fork)" "<= 5 requests" "$AM" commit --fork "$id-fork" "$m"
         "$AM" unmount --no-save "$m" >/dev/null
         c=1; ml="$m-lazy"
+        cdir="$WORK/c-$id-$c"
         if [ "$serve" = native ]; then
-          # The floor, side by side: ext4 makes inodes more slowly for a
-          # while after many deletions, so tar -x runs now, on the same
-          # disk in the same state, not once at the start.
-          rm -rf "$WORK/x"; mkdir "$WORK/x"; settle; t=$(now); tar -xf "$WORK/empty.tar" -C "$WORK/x"; TARX=$(since $t)
-          row "$tag" "reference: tar -x of the same tree of empty files, just before" "$TARX" - -
+          # The floor, side by side and fair: ext4 makes inodes far more
+          # slowly for a while after many deletions (this run's own), so
+          # tar -x and the lazy mount each get a new ext4 of the same size.
+          fresh_fs; settle; t=$(now); tar -xf "$WORK/empty.tar" -C "$WORK/fs"; TARX=$(since $t)
+          row "$tag" "reference: tar -x of the same tree of empty files, on a new ext4" "$TARX" - -
+          fresh_fs; cdir="$WORK/fs/cache"
         fi
-        step "lazy mount-ready, fresh cache dir" "fuse: >= 10x faster than full; native: <= 2x tar -x just before" \
-          "$AM" mount --daemon "$ml" "${SA[@]}" --id "$id" --serve "$serve" --prefetch 0 --no-lock --cache-dir "$WORK/c-$id-$c"
+        step "lazy mount-ready, fresh cache dir" "fuse: >= 10x faster than full; native: <= 2x tar -x on a new ext4" \
+          "$AM" mount --daemon "$ml" "${SA[@]}" --id "$id" --serve "$serve" --prefetch 0 --no-lock --cache-dir "$cdir"
         LAZY=$LAST
         ready "$ml" "$serve"
         rm -rf "$WORK/x"
         shuf -n 2000 --random-source=<(yes) "$WORK/list" > "$WORK/read"
         step "read 2,000 files after the lazy mount" - sh -c "cd '$ml' && xargs cat < '$WORK/read' > /dev/null"
         "$AM" unmount --no-save "$ml" >/dev/null
+        [ "$serve" = native ] && umount "$WORK/fs"
         c=2; mf="$m-full"
         step "full restore, fresh cache dir" - "$AM" mount --daemon "$mf" "${SA[@]}" --id "$id" --serve "$serve" --restore full --no-lock --cache-dir "$WORK/c-$id-$c"
         FULL=$LAST

@@ -28,6 +28,8 @@ type Metrics struct {
 	fuseErrors *prometheus.CounterVec
 	s3Reqs     *prometheus.CounterVec
 	s3Seconds  *prometheus.HistogramVec
+	s3Wait     *prometheus.CounterVec
+	wait       [2]waiting // s3Wait's two series: all requests, server copies
 	saves      *prometheus.CounterVec
 	saveSecs   prometheus.Histogram
 	frozen     prometheus.Histogram
@@ -58,6 +60,11 @@ func New() *Metrics {
 		Name: "s3_request_duration_seconds", Help: "S3 HTTP request time to response headers, by operation.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 	}, []string{"op"})
+	m.s3Wait = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "s3_wait_seconds_total", Help: "Wall-clock time with at least one S3 request in flight: of any operation (ops=\"all\"), or of the server's own copies (ops=\"server_copy\": CopyObject, UploadPartCopy, CompleteMultipartUpload). A save's own time is its time less the growth of ops=\"all\".",
+	}, []string{"ops"})
+	m.wait[0].c = m.s3Wait.WithLabelValues("all")
+	m.wait[1].c = m.s3Wait.WithLabelValues("server_copy")
 	m.saves = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "saves_total", Help: "Saves, by result: published, unchanged (nothing to write), or failed.",
 	}, []string{"result"})
@@ -80,7 +87,7 @@ func New() *Metrics {
 	m.restBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "restore_bytes_total", Help: "File bytes of restored revisions (lazily restored files count when restored as placeholders).",
 	})
-	f.MustRegister(m.fuseOps, m.fuseErrors, m.s3Reqs, m.s3Seconds, m.saves, m.saveSecs, m.frozen, m.saveBytes, m.restores, m.restSecs, m.restBytes)
+	f.MustRegister(m.fuseOps, m.fuseErrors, m.s3Reqs, m.s3Seconds, m.s3Wait, m.saves, m.saveSecs, m.frozen, m.saveBytes, m.restores, m.restSecs, m.restBytes)
 	return m
 }
 
@@ -104,17 +111,66 @@ func (m *Metrics) Observe(op string, start time.Time, st fuse.Status) {
 	}
 }
 
-// S3Request records one S3 HTTP request.
-func (m *Metrics) S3Request(op string, status int, d time.Duration) {
+// S3Request records one S3 HTTP request as it starts; the function it
+// returns records its end, with the response's status (0 when none came).
+func (m *Metrics) S3Request(op string) (done func(status int)) {
 	if m == nil {
-		return
+		return func(int) {}
 	}
-	s := "error"
-	if status > 0 {
-		s = strconv.Itoa(status)
+	start := time.Now()
+	w := m.wait[:1]
+	if serverCopy(op) {
+		w = m.wait[:]
 	}
-	m.s3Reqs.WithLabelValues(op, s).Inc()
-	m.s3Seconds.WithLabelValues(op).Observe(d.Seconds())
+	for i := range w {
+		w[i].begin(start)
+	}
+	return func(status int) {
+		end := time.Now()
+		for i := range w {
+			w[i].end(end)
+		}
+		s := "error"
+		if status > 0 {
+			s = strconv.Itoa(status)
+		}
+		m.s3Reqs.WithLabelValues(op, s).Inc()
+		m.s3Seconds.WithLabelValues(op).Observe(end.Sub(start).Seconds())
+	}
+}
+
+// serverCopy tells the operations whose time is the server moving bytes
+// it already holds.
+func serverCopy(op string) bool {
+	return op == "CopyObject" || op == "UploadPartCopy" || op == "CompleteMultipartUpload"
+}
+
+// waiting adds to a counter the union of the intervals during which at
+// least one request was in flight: requests run in parallel, so the sum
+// of their durations overstates the wait.
+type waiting struct {
+	mu       sync.Mutex
+	inFlight int
+	since    time.Time
+	c        prometheus.Counter
+}
+
+func (w *waiting) begin(t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.inFlight == 0 {
+		w.since = t
+	}
+	w.inFlight++
+}
+
+func (w *waiting) end(t time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inFlight--
+	if w.inFlight == 0 {
+		w.c.Add(t.Sub(w.since).Seconds())
+	}
 }
 
 // Save records a save: published (with its uploaded and reused bytes),

@@ -12,8 +12,8 @@ func TestSnapshotMatchesInstruments(t *testing.T) {
 	m := New()
 	m.Observe("lookup", time.Now(), fuse.OK)
 	m.Observe("lookup", time.Now(), fuse.ENOENT)
-	m.S3Request("PutObject", 200, time.Millisecond)
-	m.S3Request("GetObject", 0, time.Millisecond)
+	m.S3Request("PutObject")(200)
+	m.S3Request("GetObject")(0)
 	m.Save("published", time.Second, 10, 5)
 	m.Gauge("answer", "a test gauge", nil, func() float64 { return 42 })
 	snap := m.Snapshot()
@@ -49,4 +49,28 @@ func BenchmarkObserve(b *testing.B) {
 			m.Observe("getattr", start, fuse.OK)
 		}
 	})
+}
+
+// The wait is the union of the requests' intervals, not their sum.
+func TestWaitIsUnionOfRequests(t *testing.T) {
+	m := New()
+	w := &m.wait[0]
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	w.begin(at(0))    // a: 0..100
+	w.begin(at(50))   // b: 50..300, overlapping a
+	w.end(at(100))    // a ends
+	w.end(at(300))    // b ends: 300 ms so far, not 350
+	w.begin(at(1000)) // c: 1000..1100, after a gap
+	w.end(at(1100))
+	if got := m.Snapshot()[`amlfs_s3_wait_seconds_total{ops="all"}`]; got < 0.3999 || got > 0.4001 {
+		t.Fatalf("wait = %v s, want 0.4", got)
+	}
+	// A server copy counts in both series; a GET only in "all".
+	m.S3Request("UploadPartCopy")(200)
+	m.S3Request("GetObject")(200)
+	snap := m.Snapshot()
+	if snap[`amlfs_s3_wait_seconds_total{ops="server_copy"}`] <= 0 || snap[`amlfs_s3_wait_seconds_total{ops="server_copy"}`] > snap[`amlfs_s3_wait_seconds_total{ops="all"}`]-0.4 {
+		t.Fatalf("server_copy wait %v against all %v", snap[`amlfs_s3_wait_seconds_total{ops="server_copy"}`], snap[`amlfs_s3_wait_seconds_total{ops="all"}`])
+	}
 }

@@ -264,3 +264,56 @@ func TestFillByDescriptor(t *testing.T) {
 		}
 	})
 }
+
+// TestFillReadOnlyFile: a read-only restored file (git's objects are
+// 0444) is filled, through a descriptor and by path, by a daemon that is
+// not root too, and keeps its mode. Root's opens ignore the mode: the
+// unprivileged fast lane is where this shows.
+func TestFillReadOnlyFile(t *testing.T) {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"objects/ab/cdef": "object one", "objects/ab/0123": "object two"})
+		for _, p := range []string{"objects/ab/cdef", "objects/ab/0123"} {
+			if err := os.Chmod(filepath.Join(src, p), 0o444); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w := openWS(t, base, "ro", Options{})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		w.Close(ctx)
+		w2 := openWS(t, base, "ro", Options{LazyRestore: true})
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w2.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := w2.populateAll(ctx); err != nil {
+			t.Fatal(err)
+		}
+		one, two := filepath.Join(dst, "objects/ab/cdef"), filepath.Join(dst, "objects/ab/0123")
+		fd, err := unix.Open(one, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := w2.fillFd(ctx, fd); err != nil {
+			t.Fatalf("fill through a descriptor: %v", err)
+		}
+		if err := w2.ensure(ctx, "objects/ab/0123"); err != nil {
+			t.Fatalf("fill by path: %v", err)
+		}
+		for p, want := range map[string]string{one: "object one", two: "object two"} {
+			if b, err := os.ReadFile(p); err != nil || string(b) != want {
+				t.Errorf("%s holds %q (%v)", p, b, err)
+			}
+			if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o444 {
+				t.Errorf("%s mode %v (%v), want 0444", p, fi.Mode(), err)
+			}
+		}
+		if n, _ := w2.pending(); n != 0 {
+			t.Errorf("%d placeholders still pending", n)
+		}
+	})
+}

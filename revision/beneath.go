@@ -52,8 +52,8 @@ func openBeneath(root, rel string, flags int) (*os.File, error) {
 }
 
 // open opens rel (slash-separated, "" for the root itself) beneath the
-// root. O_NOFOLLOW and O_NONBLOCK are always added: a fifo a user planted
-// must not block the daemon.
+// root. O_NOFOLLOW and O_NONBLOCK (but with O_PATH) are always added: a
+// fifo a user planted must not block the daemon.
 func (t *tree) open(rel string, flags int) (*os.File, error) {
 	name := rel
 	if name == "" {
@@ -63,9 +63,13 @@ func (t *tree) open(rel string, flags int) (*os.File, error) {
 	var err error
 	// EAGAIN: a rename raced the resolution; retried a bounded number
 	// of times, so a user renaming in a loop cannot hold the daemon.
+	add := unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
+	if flags&unix.O_PATH != 0 {
+		add &^= unix.O_NONBLOCK // openat2 refuses it with O_PATH, which opens nothing
+	}
 	for range 64 {
 		fd, err = unix.Openat2(t.fd, name, &unix.OpenHow{
-			Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK),
+			Flags:   uint64(flags | add),
 			Resolve: beneath,
 		})
 		if err != unix.EINTR && err != unix.EAGAIN {

@@ -53,7 +53,7 @@ func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, pat
 // pending placeholder of this tree.
 func (w *Workspace) fillOpen(ctx context.Context, f *os.File) error {
 	return w.fillVia(ctx, int(f.Fd()), func(ctx context.Context, pf pendingFile, ino uint64) error {
-		return w.fillFile(ctx, pf, ino, f)
+		return w.fillFile(ctx, pf, ino, f, nil)
 	})
 }
 
@@ -90,14 +90,40 @@ func (w *Workspace) fillVia(ctx context.Context, fd int, fill func(ctx context.C
 // something to fill (an open for writing fails on a running executable).
 func (w *Workspace) fillFd(ctx context.Context, fd int) error {
 	return w.fillVia(ctx, fd, func(ctx context.Context, pf pendingFile, ino uint64) error {
-		// The magic link reopens the very inode fd refers to.
-		f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_WRONLY|syscall.O_CLOEXEC, 0)
+		f, restore, err := reopenForFill(fd)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		return w.fillFile(ctx, pf, ino, f)
+		return w.fillFile(ctx, pf, ino, f, restore)
 	})
+}
+
+// reopenForFill opens the inode fd refers to for writing, through the
+// magic link /proc/self/fd/N. A daemon that is not root cannot open its
+// own read-only file (a restored git object is 0444) for writing: it then
+// adds the owner's write bit for the fill, and restore puts the mode back
+// (nil when nothing needs restoring). Root's opens ignore the mode.
+func reopenForFill(fd int) (f *os.File, restore func() error, err error) {
+	proc := fmt.Sprintf("/proc/self/fd/%d", fd)
+	f, err = os.OpenFile(proc, os.O_WRONLY|syscall.O_CLOEXEC, 0)
+	if err == nil || !errors.Is(err, syscall.EACCES) {
+		return f, nil, err
+	}
+	var st syscall.Stat_t
+	if serr := syscall.Fstat(fd, &st); serr != nil || int(st.Uid) != os.Geteuid() || st.Mode&0o200 != 0 {
+		return nil, nil, err
+	}
+	mode := st.Mode & 0o7777
+	if cerr := syscall.Chmod(proc, mode|0o200); cerr != nil {
+		return nil, nil, err
+	}
+	f, err = os.OpenFile(proc, os.O_WRONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		syscall.Chmod(proc, mode)
+		return nil, nil, err
+	}
+	return f, func() error { return syscall.Fchmod(int(f.Fd()), mode) }, nil
 }
 
 // OnFilled registers fn, called with each placeholder whose bytes were
@@ -151,15 +177,20 @@ func shareCall(ctx, base context.Context, limit time.Duration, mu *sync.Mutex, c
 	return c.err
 }
 
-// fill writes a placeholder's bytes in place, opening it by path
-// (lazyState.open).
+// fill writes a placeholder's bytes in place, finding it by path
+// (lazyState.open) and opening it for writing through that descriptor.
 func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino uint64, path string) error {
-	f, err := l.open(path, os.O_WRONLY)
+	p, err := l.open(path, unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	f, restore, err := reopenForFill(int(p.Fd()))
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return w.fillFile(ctx, pf, ino, f)
+	return w.fillFile(ctx, pf, ino, f, restore)
 }
 
 // open opens path, below the working directory, with no symlink followed
@@ -192,8 +223,14 @@ func (w *Workspace) goneErr(pf pendingFile) error {
 }
 
 // fillFile writes a placeholder's bytes into f, checks their count, makes
-// them durable, then clears the marker.
-func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File) error {
+// them durable, then clears the marker. restore, if not nil, puts back the
+// mode reopenForFill changed, before the file's stat data are recorded.
+func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File, restore func() error) error {
+	defer func() {
+		if restore != nil { // not restored yet: the fill failed
+			restore()
+		}
+	}()
 	before, err := isPending(f, ino)
 	if err != nil {
 		return err
@@ -225,6 +262,13 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 		return err
 	}
 	unix.Fremovexattr(int(f.Fd()), PendingUserXattr) // an older amlfs's marker, if any
+	if restore != nil {
+		err := restore()
+		restore = nil
+		if err != nil {
+			return err
+		}
+	}
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
 	if after, err := store.FileStamp(f); err == nil {

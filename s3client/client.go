@@ -38,25 +38,26 @@ type Options struct {
 	// brought nothing for this long: a stalled upload or download, or a
 	// server that never answers (default DefaultIOTimeout).
 	IOTimeout time.Duration
-	// Observe, if set, is told of every HTTP request: the S3 operation,
-	// the response's status (0 when none came) and the time it took.
-	Observe func(op string, status int, d time.Duration) `yaml:"-" json:"-"`
+	// Observe, if set, is told of every HTTP request as it starts, with
+	// its S3 operation; the function it returns is told, as the request
+	// ends, of the response's status (0 when none came).
+	Observe func(op string) (done func(status int)) `yaml:"-" json:"-"`
 }
 
 // observeMiddleware reports each attempt of a request to observe. It sits
 // last in the deserialize step, next to the HTTP send, so that it sees
 // every retry and the raw response.
-func observeMiddleware(observe func(op string, status int, d time.Duration)) func(*middleware.Stack) error {
+func observeMiddleware(observe func(op string) func(status int)) func(*middleware.Stack) error {
 	return func(st *middleware.Stack) error {
 		return st.Deserialize.Add(middleware.DeserializeMiddlewareFunc("amlfsObserve",
 			func(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (middleware.DeserializeOutput, middleware.Metadata, error) {
-				start := time.Now()
+				done := observe(awsmiddleware.GetOperationName(ctx))
 				out, md, err := next.HandleDeserialize(ctx, in)
 				status := 0
 				if r, ok := out.RawResponse.(*smithyhttp.Response); ok && r != nil {
 					status = r.StatusCode
 				}
-				observe(awsmiddleware.GetOperationName(ctx), status, time.Since(start))
+				done(status)
 				return out, md, err
 			}), middleware.After)
 	}
