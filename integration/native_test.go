@@ -295,6 +295,35 @@ func TestNativeCrash(t *testing.T) {
 	}
 }
 
+// A clean unmount of a tree whose placeholders nothing holds open ends the
+// keeper, every time: the daemon's own umount is not taken for someone
+// else's lazy detach (watchMounts saw the mount go before Unmount said
+// it had not detached, about one time in three).
+func TestNativeCleanUnmountEndsKeeper(t *testing.T) {
+	_, h, mp := lazyNative(t, newEnv(t))
+	for i := range 6 {
+		if i > 0 {
+			mp = h.mount("native", "--serve", "native", "--prefetch", "0", "--no-lock")
+		}
+		if r := h.amlfs("unmount", "--no-save", mp); r.code != 0 {
+			t.Fatalf("unmount: %s", r)
+		}
+		logs, _ := filepath.Glob(filepath.Join(h.runtime, "*.log"))
+		for _, l := range logs {
+			if b, _ := os.ReadFile(l); bytes.Contains(b, []byte("still open through the detached mount")) {
+				t.Fatalf("round %d: a clean unmount with no file open was taken for a detach: %s", i, b)
+			}
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for keeperRuns(mp) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if keeperRuns(mp) {
+		t.Fatal("the keeper outlived a clean unmount")
+	}
+}
+
 // keeperRuns reports whether a keeper for mountpoint mp runs.
 func keeperRuns(mp string) bool {
 	out, _ := exec.Command("pgrep", "-f", "internal-native-keeper "+mp+" ").Output()

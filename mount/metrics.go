@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync/atomic"
 	"time"
 
@@ -14,8 +15,10 @@ import (
 	"github.com/amlfs/amlfs/revision"
 )
 
-// serveMetrics serves /metrics on --metrics-addr, if set. The listener is
-// opened before anything is mounted, so a bad address fails the mount.
+// serveMetrics serves /metrics on --metrics-addr, if set, and Go's
+// profiles under /debug/pprof/ (an operator's address, as the metrics
+// are). The listener is opened before anything is mounted, so a bad
+// address fails the mount.
 func (d *Daemon) serveMetrics() (stop func(), err error) {
 	if d.cfg.MetricsAddr == "" {
 		return func() {}, nil
@@ -26,6 +29,9 @@ func (d *Daemon) serveMetrics() (stop func(), err error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", d.metrics.Handler())
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -36,6 +36,7 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 
 	"github.com/amlfs/amlfs/mount/mountpoint"
@@ -103,6 +104,9 @@ type Server struct {
 	// detached is set once Unmount had to detach a busy mount: processes
 	// may still hold placeholders open.
 	detached atomic.Bool
+	// unmounting is set once Unmount runs: the mount going away is then
+	// this server's own doing, not a detach watchMounts must assume.
+	unmounting atomic.Bool
 }
 
 // The first Linux with fanotify pre-content events.
@@ -215,27 +219,44 @@ const dirMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CREATE | unix.FAN_D
 
 // markTree marks every directory for changes and, with placeholders,
 // every placeholder for pre-content events, opening each below the root
-// with no symlink followed.
+// with no symlink followed. Directories are marked markWorkers at once:
+// on a lazily restored tree of 100k files this is a getxattr and a mark
+// per file.
 func (s *Server) markTree(placeholders bool) (dirs, files int, err error) {
 	root, err := unix.Open(s.opts.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return 0, 0, &os.PathError{Op: "open", Path: s.opts.Dir, Err: err}
 	}
-	return s.markDir(root, s.opts.Dir, placeholders)
+	m := &treeMarker{s: s, placeholders: placeholders}
+	m.g.SetLimit(markWorkers)
+	m.g.Go(func() error { return m.dir(root, s.opts.Dir) })
+	err = m.g.Wait()
+	return int(m.dirs.Load()), int(m.files.Load()), err
 }
 
-// markDir marks the directory open as fd (and closes it) and what is
-// below it.
-func (s *Server) markDir(fd int, name string, placeholders bool) (dirs, files int, err error) {
+// markWorkers is how many directories markTree marks at once.
+const markWorkers = 4
+
+// treeMarker is one markTree's walk.
+type treeMarker struct {
+	s            *Server
+	placeholders bool
+	g            errgroup.Group
+	dirs, files  atomic.Int64
+}
+
+// dir marks the directory open as fd (and closes it) and what is below
+// it: its subdirectories on another worker when one is free, else here.
+func (m *treeMarker) dir(fd int, name string) error {
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	if err := unix.FanotifyMark(s.notify, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, dirMask, fd, ""); err != nil {
-		return 0, 0, fmt.Errorf("mark %s: %w", name, err)
+	if err := unix.FanotifyMark(m.s.notify, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, dirMask, fd, ""); err != nil {
+		return fmt.Errorf("mark %s: %w", name, err)
 	}
-	dirs = 1
+	m.dirs.Add(1)
 	ents, err := f.ReadDir(-1)
 	if err != nil {
-		return 0, 0, err
+		return err
 	}
 	for _, e := range ents {
 		switch {
@@ -245,14 +266,15 @@ func (s *Server) markDir(fd int, name string, placeholders bool) (dirs, files in
 				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
 					continue
 				}
-				return 0, 0, &os.PathError{Op: "open", Path: filepath.Join(name, e.Name()), Err: err}
+				return &os.PathError{Op: "open", Path: filepath.Join(name, e.Name()), Err: err}
 			}
-			d, f, err := s.markDir(cfd, filepath.Join(name, e.Name()), placeholders)
-			if err != nil {
-				return 0, 0, err
+			sub := filepath.Join(name, e.Name())
+			if !m.g.TryGo(func() error { return m.dir(cfd, sub) }) {
+				if err := m.dir(cfd, sub); err != nil {
+					return err
+				}
 			}
-			dirs, files = dirs+d, files+f
-		case e.Type().IsRegular() && placeholders:
+		case e.Type().IsRegular() && m.placeholders:
 			// O_PATH, and the mark and the marker read through its
 			// magic link: no open of the placeholder itself, which
 			// would raise FAN_OPEN_PERM, to the keeper a dead daemon
@@ -261,17 +283,17 @@ func (s *Server) markDir(fd int, name string, placeholders bool) (dirs, files in
 			if err != nil {
 				continue
 			}
-			marked, err := s.markPlaceholder(cfd)
+			marked, err := m.s.markPlaceholder(cfd)
 			unix.Close(cfd)
 			if err != nil {
-				return 0, 0, fmt.Errorf("mark %s: %w", filepath.Join(name, e.Name()), err)
+				return fmt.Errorf("mark %s: %w", filepath.Join(name, e.Name()), err)
 			}
 			if marked {
-				files++
+				m.files.Add(1)
 			}
 		}
 	}
-	return dirs, files, nil
+	return nil
 }
 
 // placeholderMask is what a placeholder's mark holds back until it is
@@ -457,7 +479,12 @@ func (s *Server) watchMounts() {
 	defer f.Close()
 	for {
 		if !s.mounted() {
-			s.detached.Store(true)
+			// Gone by someone else's umount, which may have been a lazy
+			// detach: files may still be open through it. Unmount says
+			// itself whether its own had to detach.
+			if !s.unmounting.Load() {
+				s.detached.Store(true)
+			}
 			s.once.Do(func() { close(s.gone) })
 			return
 		}
@@ -520,6 +547,7 @@ func (s *Server) Wait() { <-s.gone }
 // if lazy, detaches it. The loops stop and pending events are answered.
 func (s *Server) Unmount(wait time.Duration, lazy bool) error {
 	defer s.shutdown()
+	s.unmounting.Store(true)
 	detached, err := s.mnt.UnmountWithin(wait, lazy)
 	if detached && err == nil {
 		s.detached.Store(true)

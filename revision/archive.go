@@ -5,7 +5,6 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"strconv"
@@ -30,7 +29,14 @@ import (
 // memberKey names the bytes of the file e of the archive at key: where a
 // placeholder's bytes are, as a folder's object key names them.
 func memberKey(archive string, e format.ArchiveEntry) string {
-	return fmt.Sprintf("%s#%d,%d,%d,%d,%s", archive, e.Member, e.MemberLen, e.Data, e.Size, e.Path)
+	b := make([]byte, 0, len(archive)+len(e.Path)+48)
+	b = append(b, archive...)
+	b = append(b, '#')
+	for _, n := range [...]int64{e.Member, e.MemberLen, e.Data, e.Size} {
+		b = strconv.AppendInt(b, n, 10)
+		b = append(b, ',')
+	}
+	return string(append(b, e.Path...))
 }
 
 // parseMemberKey reads a memberKey back; ok is false for any other key.

@@ -73,7 +73,9 @@ func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry) (*
 		if te.Type != format.TypeFile {
 			continue
 		}
-		if _, stp, ok := base.reusable(dir, te.Path); ok && stp.Size == uint64(te.Size) && inBase[te.Path].Type == format.TypeFile && inBase[te.Path].Size == te.Size {
+		// The stamp Snapshot listed (entries are as it gave them).
+		stp := stampOf(te)
+		if _, ok := base.reusableAs(dir, te.Path, stp); ok && inBase[te.Path].Type == format.TypeFile && inBase[te.Path].Size == te.Size {
 			p.kept[te.Path] = stp
 		}
 	}
@@ -344,19 +346,25 @@ func archiveStats(entry format.Entry, out archiveOut) uploadStats {
 	if out.index == nil {
 		return up
 	}
-	keys := fileKeys(entry.Path, out.index)
 	up.stamps = make(map[string]baseFile, len(out.stamps))
-	for p, stp := range out.stamps {
-		up.stamps[p] = baseFile{stamp: stp, key: keys(p)}
-	}
-	for _, e := range out.index.Entries {
-		if e.Type != format.TypeFile || out.stamps[e.Path].Ino == 0 {
+	for i := range out.index.Entries {
+		e := &out.index.Entries[i]
+		if e.Type != format.TypeFile {
+			continue
+		}
+		stp, ok := out.stamps[e.Path]
+		if !ok {
+			continue
+		}
+		key := memberKey(entry.Path, *e)
+		up.stamps[e.Path] = baseFile{stamp: stp, key: key}
+		if stp.Ino == 0 {
 			continue
 		}
 		if up.moves == nil {
 			up.moves = map[uint64]repointTo{}
 		}
-		up.moves[out.stamps[e.Path].Ino] = repointTo{path: e.Path, key: keys(e.Path)}
+		up.moves[stp.Ino] = repointTo{path: e.Path, key: key}
 	}
 	return up
 }

@@ -82,7 +82,11 @@ func (w *Workspace) restore(ctx context.Context, e format.Entry, dir string, sel
 		return format.Entry{}, err
 	}
 	if e.Format == format.FormatFolder || x != nil {
-		w.setBase(recordTree(dir, e, restored, x))
+		stamped := restored
+		if lazy != nil {
+			stamped = nil // no file is made yet: fillDir notes each as it makes it
+		}
+		w.setBase(recordTree(dir, e, stamped, x))
 		// A lazy restore's placeholders are noted as they are made.
 		recordView(w.view, dir, restored, lazy == nil)
 	}

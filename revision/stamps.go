@@ -84,16 +84,31 @@ func (b *baseTree) reusable(dir, p string) (string, store.Stamp, bool) {
 	if !ok {
 		return "", cur, false
 	}
+	key, ok := b.reusableAs(dir, p, cur)
+	return key, cur, ok
+}
+
+// stampOf is the stamp of a file as Snapshot listed it (its backing
+// inode, size, mtime and ctime, before any view's): what statStamp gave
+// at that instant, with no second lstat.
+func stampOf(te format.TreeEntry) store.Stamp {
+	return store.Stamp{Ino: te.Stat.Ino, Size: uint64(te.Size),
+		Mtime: syscall.NsecToTimespec(int64(te.Mtime)), Ctime: syscall.NsecToTimespec(int64(te.Stat.Ctime))}
+}
+
+// reusableAs returns the key of p's bytes in the base revision if cur,
+// the stamp of the file at dir/p, is the one the base recorded.
+func (b *baseTree) reusableAs(dir, p string, cur store.Stamp) (string, bool) {
 	if b == nil || b.dir != dir {
-		return "", cur, false
+		return "", false
 	}
 	b.mu.Lock()
 	f, ok := b.files[p]
 	b.mu.Unlock()
 	if !ok || f.stamp != cur {
-		return "", cur, false
+		return "", false
 	}
-	return f.key, cur, true
+	return f.key, true
 }
 
 // recordTree stamps every file of entries under dir, keyed into revision
@@ -118,11 +133,17 @@ func fileKeys(revPath string, x *format.ArchiveIndex) func(p string) string {
 	if x == nil {
 		return func(p string) string { return revPath + "files/" + p }
 	}
-	at := make(map[string]format.ArchiveEntry, len(x.Entries))
-	for _, e := range x.Entries {
-		at[e.Path] = e
+	at := make(map[string]int, len(x.Entries))
+	for i := range x.Entries {
+		at[x.Entries[i].Path] = i
 	}
-	return func(p string) string { return memberKey(revPath, at[p]) }
+	return func(p string) string {
+		i, ok := at[p]
+		if !ok {
+			return memberKey(revPath, format.ArchiveEntry{})
+		}
+		return memberKey(revPath, x.Entries[i])
+	}
 }
 
 // add records a file made after the base was taken (a lazily populated

@@ -66,6 +66,12 @@ func chownSaved(fd int, te format.TreeEntry) error {
 	if te.Stat == (format.EntryStat{}) || os.Geteuid() != 0 {
 		return nil
 	}
+	// A new file is the daemon's (or its directory's group's) already,
+	// most often the owner saved: a chown would only write the inode.
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) == nil && st.Uid == te.Stat.Uid && st.Gid == te.Stat.Gid {
+		return nil
+	}
 	return unix.Fchownat(fd, "", int(te.Stat.Uid), int(te.Stat.Gid), unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
 }
 

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -126,12 +126,27 @@ type EntryStat struct {
 const MaxShownIno = 1<<48 - 1
 
 func (s EntryStat) MarshalJSON() ([]byte, error) {
-	return json.Marshal(fmt.Sprintf("%s %d %d %d", s.Ctime, s.Ino, s.Uid, s.Gid))
+	b := make([]byte, 0, 64)
+	b = append(s.Ctime.appendTo(append(b, '"')), ' ')
+	b = append(strconv.AppendUint(b, s.Ino, 10), ' ')
+	b = append(strconv.AppendUint(b, uint64(s.Uid), 10), ' ')
+	return append(strconv.AppendUint(b, uint64(s.Gid), 10), '"'), nil
+}
+
+// jsonString is the JSON string b: without a copy or a decoder when it
+// holds no escape (these strings are digits, dots and spaces).
+func jsonString(b []byte) (string, error) {
+	if n := len(b); n >= 2 && b[0] == '"' && b[n-1] == '"' && bytes.IndexByte(b[1:n-1], '\\') < 0 && bytes.IndexByte(b[1:n-1], '"') < 0 {
+		return string(b[1 : n-1]), nil
+	}
+	var str string
+	err := json.Unmarshal(b, &str)
+	return str, err
 }
 
 func (s *EntryStat) UnmarshalJSON(b []byte) error {
-	var str string
-	if err := json.Unmarshal(b, &str); err != nil {
+	str, err := jsonString(b)
+	if err != nil {
 		return fmt.Errorf("amlfs stat: %w", err)
 	}
 	f := strings.Split(str, " ")
@@ -139,7 +154,7 @@ func (s *EntryStat) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("amlfs stat %q is not \"CTIME INO UID GID\"", str)
 	}
 	var out EntryStat
-	if err := out.Ctime.UnmarshalJSON(strconv.AppendQuote(nil, f[0])); err != nil {
+	if err := out.Ctime.parse(f[0]); err != nil {
 		return err
 	}
 	ino, err1 := strconv.ParseUint(f[1], 10, 64)
@@ -165,21 +180,35 @@ func MtimeOf(t time.Time) Mtime { return Mtime(t.UnixNano()) }
 // Time returns m as a time.Time.
 func (m Mtime) Time() time.Time { return time.Unix(0, int64(m)).UTC() }
 
-func (m Mtime) String() string {
+func (m Mtime) String() string { return string(m.appendTo(nil)) }
+
+// appendTo appends m as SECONDS.NANOSECONDS.
+func (m Mtime) appendTo(b []byte) []byte {
 	sec, nsec := int64(m)/1e9, int64(m)%1e9
 	if nsec < 0 {
 		sec, nsec = sec-1, nsec+1e9
 	}
-	return fmt.Sprintf("%d.%09d", sec, nsec)
+	b = append(strconv.AppendInt(b, sec, 10), '.')
+	var frac [9]byte
+	for i := 8; i >= 0; i-- {
+		frac[i] = byte('0' + nsec%10)
+		nsec /= 10
+	}
+	return append(b, frac[:]...)
 }
 
-func (m Mtime) MarshalJSON() ([]byte, error) { return json.Marshal(m.String()) }
+func (m Mtime) MarshalJSON() ([]byte, error) { return append(m.appendTo([]byte{'"'}), '"'), nil }
 
 func (m *Mtime) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
+	s, err := jsonString(b)
+	if err != nil {
 		return fmt.Errorf("mtime: %w", err)
 	}
+	return m.parse(s)
+}
+
+// parse reads SECONDS.NANOSECONDS.
+func (m *Mtime) parse(s string) error {
 	sec, frac, ok := strings.Cut(s, ".")
 	if !ok || len(frac) != 9 || sec == "" || strings.TrimLeft(sec, "-0123456789") != "" || strings.TrimLeft(frac, "0123456789") != "" {
 		return fmt.Errorf("mtime %q is not SECONDS.NANOSECONDS", s)
@@ -317,15 +346,43 @@ func isASCII(s string) bool {
 	return true
 }
 
-// SortEntries orders entries by depth, then by name.
+// SortEntries orders entries by depth, then by name. Each path's depth
+// and whether it is ASCII are found once, not at every comparison, and a
+// list already in order (a snapshot's, mostly) is left as it is.
 func SortEntries(es []TreeEntry) {
-	sort.Slice(es, func(i, j int) bool {
-		di, dj := Depth(es[i].Path), Depth(es[j].Path)
-		if di != dj {
-			return di < dj
+	type key struct {
+		depth int
+		ascii bool
+		i     int
+	}
+	keys := make([]key, len(es))
+	for i := range es {
+		keys[i] = key{Depth(es[i].Path), isASCII(es[i].Path), i}
+	}
+	cmp := func(a, b key) int {
+		if a.depth != b.depth {
+			return a.depth - b.depth
 		}
-		return jsLess(es[i].Path, es[j].Path)
-	})
+		pa, pb := es[a.i].Path, es[b.i].Path
+		switch {
+		case a.ascii && b.ascii:
+			return strings.Compare(pa, pb)
+		case pa == pb:
+			return 0
+		case jsLess(pa, pb):
+			return -1
+		}
+		return 1
+	}
+	if slices.IsSortedFunc(keys, cmp) {
+		return
+	}
+	slices.SortStableFunc(keys, cmp)
+	out := make([]TreeEntry, len(es))
+	for j, k := range keys {
+		out[j] = es[k.i]
+	}
+	copy(es, out)
 }
 
 // ValidateEntries checks a tree's entries: valid paths, known types,

@@ -2,6 +2,8 @@ package format
 
 import (
 	"fmt"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -62,5 +64,60 @@ func TestManifestStatDroppedOverLimit(t *testing.T) {
 	}
 	if strings.Contains(string(data), `"amlfs":"`) || len(data) != len(plain) {
 		t.Errorf("stat data kept over the bound: %d bytes", len(data))
+	}
+}
+
+// TestMtimeJSON: the hand-written encoding is the one fmt wrote, and
+// reads back exactly, escapes included.
+func TestMtimeJSON(t *testing.T) {
+	for _, m := range []Mtime{0, 1, -1, 999999999, 1e9, 1764882000123456789, -1500000001, -1e9} {
+		sec, nsec := int64(m)/1e9, int64(m)%1e9
+		if nsec < 0 {
+			sec, nsec = sec-1, nsec+1e9
+		}
+		want := fmt.Sprintf("%q", fmt.Sprintf("%d.%09d", sec, nsec))
+		b, _ := m.MarshalJSON()
+		if string(b) != want {
+			t.Errorf("%d encodes as %s, want %s", int64(m), b, want)
+		}
+		var back Mtime
+		if err := back.UnmarshalJSON(b); err != nil || back != m {
+			t.Errorf("%s reads back as %d (%v)", b, int64(back), err)
+		}
+	}
+	var m Mtime
+	if err := m.UnmarshalJSON([]byte(`"1764882000\u002e123456789"`)); err != nil || m != 1764882000123456789 {
+		t.Errorf("an escaped dot: %d, %v", int64(m), err)
+	}
+}
+
+// TestSortEntries: the keyed sort gives the order of the plain definition
+// (depth, then JavaScript's string order), for ASCII and other names.
+func TestSortEntries(t *testing.T) {
+	names := []string{"a", "B", "b", "é", "z", "\U0001F600", "\uff5e", "a.b", "a-b", "_"}
+	var es []TreeEntry
+	for i := 0; i < 400; i++ {
+		p := names[(i*7)%len(names)]
+		for d := 0; d < i%4; d++ {
+			p = names[(i*3+d)%len(names)] + "/" + p
+		}
+		es = append(es, TreeEntry{Path: fmt.Sprintf("%s%d", p, i%13)})
+	}
+	want := slices.Clone(es)
+	sort.SliceStable(want, func(i, j int) bool {
+		if di, dj := Depth(want[i].Path), Depth(want[j].Path); di != dj {
+			return di < dj
+		}
+		return jsLess(want[i].Path, want[j].Path)
+	})
+	SortEntries(es)
+	for i := range es {
+		if es[i].Path != want[i].Path {
+			t.Fatalf("at %d: %q, want %q", i, es[i].Path, want[i].Path)
+		}
+	}
+	SortEntries(es) // sorted already: unchanged
+	if !slices.Equal(es, want) {
+		t.Fatal("a sorted list changed")
 	}
 }
