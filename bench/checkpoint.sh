@@ -5,8 +5,9 @@
 #   first save, a save after changing one file, a save with no change,
 #   a fork's first save (commit --fork), the prune of one revision
 #   (after publication, in the background: its requests only), a lazy
-#   mount-ready on a fresh cache dir, reading 2,000 files after it, and a
-#   full restore.
+#   mount-ready on a fresh cache dir, a one-file save on that lazy mount
+#   (every other file still a placeholder), reading 2,000 files after it,
+#   and a full restore.
 # Every combination of SIZES, FORMATS (archive folder), STORES (s3 file)
 # and SERVES (fuse native), but trees over 30,000 files only in
 # FORMATS_LARGE (default archive: a folder of 100k files costs minutes a
@@ -55,6 +56,19 @@ ROWS=()
 # waits DIR: the daemon's S3 wait so far, all requests and server copies.
 waits() {
   "$AM" status --json "$1" | python3 -c 'import json,sys; m=json.load(sys.stdin).get("metrics",{}); print(m.get("amlfs_s3_wait_seconds_total{ops=\"all\"}",0), m.get("amlfs_s3_wait_seconds_total{ops=\"server_copy\"}",0))'
+}
+# split_wait DIR: after a step, on S3, the step's time split apart (W0:
+# waits before it): the wall-clock time with an S3 request in flight (the
+# union of their intervals, from the daemon's amlfs_s3_wait_seconds_total),
+# of it the server's own copies (UploadPartCopy, CompleteMultipartUpload,
+# CopyObject), and the rest, amlfs's own.
+split_wait() {
+  [ "$store" = s3 ] || return 0
+  local all copy
+  read -r all copy <<<"$(python3 -c 'import sys; a=sys.argv[1].split(); b=sys.argv[2].split(); print(float(b[0])-float(a[0]), float(b[1])-float(a[1]))' "$W0" "$(waits "$1")")"
+  row "$tag" "of it, waiting for S3 (any request in flight)" "$(printf '%.2f' "$all")" - -
+  row "$tag" "of that, the server's ranged copies and completion" "$(printf '%.2f' "$copy")" - -
+  row "$tag" "of it, amlfs's own time (save less waiting for S3)" "$(printf '%.2f' "$(python3 -c "print(max(0, $LAST - $all))")")" - "<= 1 s"
 }
 # row: one line of the table, also printed as it comes (a run that stops
 # half way keeps what it measured).
@@ -123,16 +137,7 @@ PY
         echo changed > "$m/d0042/f07"
         W0=$(waits "$m")
         step "save after a one-file change" "<= 10 requests" "$AM" commit "$m"
-        if [ "$store" = s3 ]; then
-          # Timed apart: the wall-clock time with an S3 request in flight
-          # (the union of their intervals, from the daemon's
-          # amlfs_s3_wait_seconds_total), and of it the server's own
-          # copies (UploadPartCopy, CompleteMultipartUpload, CopyObject).
-          read -r ALL COPY <<<"$(python3 -c 'import sys; a=sys.argv[1].split(); b=sys.argv[2].split(); print(float(b[0])-float(a[0]), float(b[1])-float(a[1]))' "$W0" "$(waits "$m")")"
-          row "$tag" "of it, waiting for S3 (any request in flight)" "$(printf '%.2f' "$ALL")" - -
-          row "$tag" "of that, the server's ranged copies and completion" "$(printf '%.2f' "$COPY")" - -
-          row "$tag" "of it, amlfs's own time (save less waiting for S3)" "$(printf '%.2f' "$(python3 -c "print(max(0, $LAST - $ALL))")")" - "<= 1 s"
-        fi
+        split_wait "$m"
         sleep 2  # the prune of the previous revision runs after the save returns
         if [ "$store" = s3 ]; then row "$tag" "prune of one revision (after the save returned)" - "$(tail -c +$((MARK + 1)) "$WORK/access.log" | grep -c ' s3_Delete' || true) deletes" "1 request"; fi
         step "save with no change" - "$AM" commit "$m"
@@ -152,7 +157,13 @@ PY
           "$AM" mount --daemon "$ml" "${SA[@]}" --id "$id" --serve "$serve" --prefetch 0 --no-lock --cache-dir "$cdir"
         LAZY=$LAST
         ready "$ml" "$serve"
-        rm -rf "$WORK/x"
+        # An agent's checkpoint right after a lazy restore: every other
+        # file is still a placeholder.
+        echo changed again > "$ml/d0042/f08"
+        W0=$(waits "$ml")
+        step "save after a one-file change on the lazy mount (placeholders not fetched)" "<= 10 requests" "$AM" commit "$ml"
+        split_wait "$ml"
+        sleep 2
         shuf -n 2000 --random-source=<(yes) "$WORK/list" > "$WORK/read"
         step "read 2,000 files after the lazy mount" - sh -c "cd '$ml' && xargs cat < '$WORK/read' > /dev/null"
         "$AM" unmount --no-save "$ml" >/dev/null

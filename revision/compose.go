@@ -64,18 +64,22 @@ func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry) (*
 	if base == nil || base.index == nil || base.dir != dir {
 		return nil, nil
 	}
-	p := &archivePlan{key: key, kept: map[string]store.Stamp{}}
-	inBase := make(map[string]format.ArchiveEntry, len(base.index.Entries))
-	for _, e := range base.index.Entries {
-		inBase[e.Path] = e
+	p := &archivePlan{key: key, kept: make(map[string]store.Stamp, len(entries))}
+	inBase := make(map[string]int, len(base.index.Entries))
+	for i := range base.index.Entries {
+		inBase[base.index.Entries[i].Path] = i
 	}
 	for _, te := range entries {
 		if te.Type != format.TypeFile {
 			continue
 		}
+		i, ok := inBase[te.Path]
+		if !ok || base.index.Entries[i].Type != format.TypeFile || base.index.Entries[i].Size != te.Size {
+			continue
+		}
 		// The stamp Snapshot listed (entries are as it gave them).
 		stp := stampOf(te)
-		if _, ok := base.reusableAs(dir, te.Path, stp); ok && inBase[te.Path].Type == format.TypeFile && inBase[te.Path].Size == te.Size {
+		if _, ok := base.reusableAs(dir, te.Path, stp); ok {
 			p.kept[te.Path] = stp
 		}
 	}
@@ -276,14 +280,14 @@ func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.
 	if plan != nil {
 		out, err := w.stageArchive(ctx, entry, job, prog)
 		if err == nil || !errors.Is(err, store.ErrNotExist) && !errors.Is(err, store.ErrTooManyParts) {
-			return archiveStats(entry, out), err
+			return archiveStats(entry, out, src.isPending), err
 		}
 		w.log.Warn("the base archive could not be composed from; writing the archive whole", "op", "save", "err", err)
 		job.plan = nil
 	}
 	job.prog.reset()
 	out, err := w.stageArchive(ctx, entry, job, prog)
-	return archiveStats(entry, out), err
+	return archiveStats(entry, out, src.isPending), err
 }
 
 // stageArchive stages and commits the archive of job: composed (with a
@@ -340,7 +344,7 @@ func (w *Workspace) stageArchive(ctx context.Context, entry format.Entry, job ar
 // archiveStats is an archive save's uploadStats: the files' keys are
 // their members in the new archive, where the placeholders of kept files
 // are repointed.
-func archiveStats(entry format.Entry, out archiveOut) uploadStats {
+func archiveStats(entry format.Entry, out archiveOut, pending func(ino uint64) bool) uploadStats {
 	up := uploadStats{entries: out.entries, uploaded: out.uploaded, uploadedBytes: out.upBytes, reused: out.reused, index: out.index,
 		earlier: out.earlier, leftOut: out.leftOut}
 	if out.index == nil {
@@ -358,8 +362,8 @@ func archiveStats(entry format.Entry, out archiveOut) uploadStats {
 		}
 		key := memberKey(entry.Path, *e)
 		up.stamps[e.Path] = baseFile{stamp: stp, key: key}
-		if stp.Ino == 0 {
-			continue
+		if stp.Ino == 0 || !pending(stp.Ino) {
+			continue // only placeholders not fetched yet are repointed
 		}
 		if up.moves == nil {
 			up.moves = map[uint64]repointTo{}

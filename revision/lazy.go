@@ -259,6 +259,19 @@ func (w *Workspace) gone() int {
 	return len(l.gone)
 }
 
+// isPending reports whether ino is a placeholder of this tree whose bytes
+// are not fetched yet.
+func (w *Workspace) isPending(ino uint64) bool {
+	l := w.lazyState()
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	_, ok := l.pending[ino]
+	l.mu.Unlock()
+	return ok
+}
+
 func (w *Workspace) pending() (files int, bytes int64) {
 	l := w.lazyState()
 	if l == nil {

@@ -180,11 +180,10 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.created = false
 	w.expect = nil // the tree is now the new revision's
 	w.setFork(nil)
+	var moves map[uint64]repointTo
 	if src == w {
 		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
-		// Placeholders not fetched yet now take their bytes from the
-		// new revision, where the save copied them.
-		w.repoint(up.moves)
+		moves = up.moves
 	}
 	// 5. Prune, after publication, without holding the save up.
 	total, files := treeSize(up.entries)
@@ -200,11 +199,20 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	for _, p := range pruned {
 		res.Pruned = append(res.Pruned, p.ID)
 	}
-	if len(pruned) > 0 {
+	if len(pruned) > 0 || len(moves) > 0 {
+		// After the save returns, in this order: placeholders not
+		// fetched yet take their bytes from the new revision, where the
+		// save copied them (a marker rewritten per placeholder: seconds
+		// for a lazily restored tree of 100k files); then the pruned
+		// revisions go, their bytes a placeholder still needs fetched
+		// first. The next save waits for both.
 		w.prunes.Add(1)
 		go func() {
 			defer w.prunes.Done()
-			w.prune(context.WithoutCancel(ctx), pruned)
+			w.repoint(moves)
+			if len(pruned) > 0 {
+				w.prune(context.WithoutCancel(ctx), pruned)
+			}
 		}()
 	}
 	if w.orphansMaybe {

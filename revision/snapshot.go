@@ -8,7 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"unicode/utf8"
 
@@ -30,10 +33,14 @@ func Snapshot(dir string, s format.Selection) (entries []format.TreeEntry, skipp
 		return nil, nil, err
 	}
 	defer t.Close()
-	w := walker{root: t, sel: s}
+	w := walker{root: t, sel: s, slots: make(chan struct{}, snapshotWorkers-1)}
 	if _, err := w.walk("", nil, false); err != nil {
 		return nil, nil, err
 	}
+	// Directories are walked at once: the order found is not the order
+	// given.
+	sort.Strings(w.bad)
+	sort.Strings(w.skipped)
 	if n := len(w.bad); n > 0 {
 		if n > 20 {
 			w.bad = append(w.bad[:20], fmt.Sprintf("and %d more", n-20))
@@ -58,11 +65,30 @@ func SpecialFilesError(paths []string) error {
 }
 
 type walker struct {
-	root    *tree // every path is opened beneath it
-	sel     format.Selection
+	root  *tree // every path is opened beneath it
+	sel   format.Selection
+	slots chan struct{} // a slot per walker beyond the caller's
+
+	mu      sync.Mutex // guards what follows: directories are walked at once
 	out     []format.TreeEntry
 	skipped []string // special files
 	bad     []string // what no revision can hold, with why
+}
+
+// snapshotWorkers is how many directories a snapshot lists at once: a
+// save's snapshot is a stat per file, 100k of them in a large tree.
+const snapshotWorkers = 4
+
+func (w *walker) add(e format.TreeEntry) {
+	w.mu.Lock()
+	w.out = append(w.out, e)
+	w.mu.Unlock()
+}
+
+func (w *walker) refuse(why string) {
+	w.mu.Lock()
+	w.bad = append(w.bad, why)
+	w.mu.Unlock()
 }
 
 // walk visits the directory rel; it reports whether it selected anything.
@@ -94,7 +120,18 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 	if err != nil {
 		return false, err
 	}
-	any := false
+	var any atomic.Bool
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	fail := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+	}
+entries:
 	for _, de := range ents {
 		p := de.Name()
 		if rel != "" {
@@ -111,27 +148,42 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			if !selected && len(w.sel.Include) == 0 {
 				continue // ignored directory: prune
 			}
-			mark := len(w.out)
-			sub, err := w.walk(p, patterns, ign)
-			if err != nil {
-				return false, err
-			}
-			if selected || sub {
-				fi, err := lstatAt(dfd, de.Name())
+			name := de.Name()
+			sub := func() error {
+				found, err := w.walk(p, patterns, ign)
+				if err != nil || !(selected || found) {
+					return err
+				}
+				fi, err := lstatAt(dfd, name)
 				if errors.Is(err, fs.ErrNotExist) {
-					continue // removed since the listing
+					return nil // removed since the listing
 				}
 				if err != nil {
-					return false, err
+					return err
 				}
-				// Insert the directory before its children.
-				w.out = append(w.out, format.TreeEntry{})
-				copy(w.out[mark+1:], w.out[mark:])
 				if why := unsavableName(p); why != "" {
-					w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
+					w.refuse(fmt.Sprintf("%q: %s", p, why))
 				}
-				w.out[mark] = format.TreeEntry{Path: p, Type: format.TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, false)}
-				any = true
+				w.add(format.TreeEntry{Path: p, Type: format.TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, false)})
+				any.Store(true)
+				return nil
+			}
+			// On another walker if one is free, else here. d stays
+			// open until every subdirectory's walk is done.
+			select {
+			case w.slots <- struct{}{}:
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-w.slots }()
+					if err := sub(); err != nil {
+						fail(err)
+					}
+				}()
+			default:
+				if err := sub(); err != nil {
+					fail(err)
+				}
 			}
 			continue
 		}
@@ -143,10 +195,11 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 			continue // removed since the listing
 		}
 		if err != nil {
-			return false, err
+			fail(err)
+			break entries
 		}
 		if why := unsavableName(p); why != "" {
-			w.bad = append(w.bad, fmt.Sprintf("%q: %s", p, why))
+			w.refuse(fmt.Sprintf("%q: %s", p, why))
 			continue
 		}
 		e := format.TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, true)}
@@ -159,21 +212,25 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 				continue // removed or replaced since the listing
 			}
 			if err != nil {
-				return false, err
+				fail(err)
+				break entries
 			}
 			if !utf8.ValidString(target) || len(target) > format.MaxSymlinkTarget {
-				w.bad = append(w.bad, fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, format.MaxSymlinkTarget))
+				w.refuse(fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, format.MaxSymlinkTarget))
 				continue
 			}
 			e.Type, e.Target, e.Mode = format.TypeSymlink, target, 0o777
 		default:
+			w.mu.Lock()
 			w.skipped = append(w.skipped, p)
+			w.mu.Unlock()
 			continue
 		}
-		w.out = append(w.out, e)
-		any = true
+		w.add(e)
+		any.Store(true)
 	}
-	return any, nil
+	wg.Wait()
+	return any.Load(), firstErr
 }
 
 // statOf is fi's owner and, with ino, its backing inode number and ctime

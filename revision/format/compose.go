@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
@@ -346,12 +347,12 @@ func (c *ComposeWriter) Close() (int64, *ArchiveIndex, error) {
 // WriteIndexMember writes the index x as the archive's last members, the
 // first of which starts at offset at.
 func WriteIndexMember(w io.Writer, x *ArchiveIndex, at int64) error {
-	data, err := json.Marshal(x)
+	data, err := x.appendJSON(nil)
 	if err != nil {
 		return err
 	}
 	var z bytes.Buffer
-	fw, _ := flate.NewWriter(&z, flate.DefaultCompression)
+	fw, _ := flate.NewWriter(&z, flate.BestSpeed) // as the members: written at every save
 	fw.Write(data)
 	if err := fw.Close(); err != nil {
 		return err
@@ -626,4 +627,86 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// appendJSON appends x as encoding/json writes it, byte for byte
+// (TestIndexJSONAsEncodingJSON), without reflection: a one-file save of a
+// 100k-file tree writes the whole index again.
+func (x *ArchiveIndex) appendJSON(b []byte) ([]byte, error) {
+	b = append(b, `{"version":`...)
+	b = strconv.AppendInt(b, int64(x.Version), 10)
+	b = append(b, `,"entries":`...)
+	if x.Entries == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i := range x.Entries {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = x.Entries[i].appendJSON(b)
+		}
+		b = append(b, ']')
+	}
+	for _, f := range []struct {
+		key  string
+		v    any
+		omit bool
+	}{{"symlinks", x.Symlinks, len(x.Symlinks) == 0}, {"fork", x.Fork, x.Fork == nil}} {
+		if f.omit {
+			continue
+		}
+		v, err := json.Marshal(f.v)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(append(b, `,"`...), f.key...), `":`...)
+		b = append(b, v...)
+	}
+	b = append(b, `,"end":`...)
+	b = strconv.AppendInt(b, x.End, 10)
+	b = append(b, `,"endLen":`...)
+	b = strconv.AppendInt(b, x.EndLen, 10)
+	return append(b, '}'), nil
+}
+
+func (e *ArchiveEntry) appendJSON(b []byte) []byte {
+	b = append(b, '{')
+	if e.Stat != (EntryStat{}) {
+		st, _ := e.Stat.MarshalJSON()
+		b = append(append(b, `"amlfs":`...), st...)
+		b = append(b, ',')
+	}
+	b = append(b, `"mode":`...)
+	b = strconv.AppendUint(b, uint64(e.Mode), 10)
+	if e.Mtime != 0 {
+		b = append(b, `,"mtime":"`...)
+		b = append(e.Mtime.appendTo(b), '"')
+	}
+	b = appendJSONString(append(b, `,"path":`...), e.Path)
+	b = append(b, `,"size":`...)
+	b = strconv.AppendInt(b, e.Size, 10)
+	if e.Target != "" {
+		b = appendJSONString(append(b, `,"target":`...), e.Target)
+	}
+	b = appendJSONString(append(b, `,"type":`...), e.Type)
+	b = append(b, `,"member":`...)
+	b = strconv.AppendInt(b, e.Member, 10)
+	b = append(b, `,"memberLen":`...)
+	b = strconv.AppendInt(b, e.MemberLen, 10)
+	b = append(b, `,"data":`...)
+	b = strconv.AppendInt(b, e.Data, 10)
+	return append(b, '}')
+}
+
+// appendJSONString appends s quoted as encoding/json quotes it: plain
+// printable ASCII as it is, anything else through encoding/json itself.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
 }

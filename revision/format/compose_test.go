@@ -2,6 +2,7 @@ package format
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -339,5 +340,36 @@ func TestComposeReuse(t *testing.T) {
 	}
 	if len(read) != len(files) {
 		t.Errorf("%d files read, want %d", len(read), len(files))
+	}
+}
+
+// TestIndexJSONAsEncodingJSON: the hand-written index encoding is
+// encoding/json's, byte for byte, whatever the names hold.
+func TestIndexJSONAsEncodingJSON(t *testing.T) {
+	names := []string{"a.txt", "dir/b", "x<y>&z", "quote\"d", "back\\slash", "tab\there", "é", "\u2028", "bad\xffutf8", "del\x7f", ""}
+	for _, x := range []*ArchiveIndex{
+		{Version: 1},
+		{Version: 1, Entries: []ArchiveEntry{}},
+		{Version: 1, End: 10, EndLen: 20, Fork: &ForkOrigin{}, Symlinks: []TreeEntry{{Path: "l", Type: TypeSymlink, Target: "t<", Mode: 0o777}}},
+	} {
+		want, _ := json.Marshal(x)
+		if got, err := x.appendJSON(nil); err != nil || string(got) != string(want) {
+			t.Errorf("got  %s (%v)\nwant %s", got, err, want)
+		}
+	}
+	x := &ArchiveIndex{Version: 1, End: 1 << 40, EndLen: 31}
+	for i, n := range names {
+		e := ArchiveEntry{TreeEntry: TreeEntry{Path: n, Type: TypeFile, Mode: uint32(i * 73), Size: int64(i) << 20, Target: names[(i+3)%len(names)]},
+			Member: int64(i) * 1000, MemberLen: int64(i), Data: int64(i * 512)}
+		if i%2 == 0 {
+			e.Mtime = Mtime(int64(i)*1e9 - 7)
+			e.Stat = EntryStat{Ctime: Mtime(i * 3), Ino: uint64(i), Uid: 1000, Gid: uint32(i)}
+		}
+		x.Entries = append(x.Entries, e)
+	}
+	want, _ := json.Marshal(x)
+	got, err := x.appendJSON(nil)
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("got  %s (%v)\nwant %s", got, err, want)
 	}
 }
