@@ -310,6 +310,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.workDir = filepath.Join(filepath.Dir(slot.Name()), workDirName)
 	d.state = filepath.Join(filepath.Dir(slot.Name()), stateFile)
+	sweepTrash(filepath.Dir(slot.Name()), cfg.Keeper, d.log)
 	d.setPhase("restoring")
 	if err := d.prepareWorkDir(ctx); err != nil {
 		return err
@@ -457,7 +458,7 @@ func (d *Daemon) cleanupFailedStart(ctx context.Context) {
 		// Restored here and never served: nothing in it is anyone's
 		// work. Left, the next mount would resume it as unsaved and
 		// publish it over whatever is current then.
-		os.RemoveAll(d.workDir)
+		discard(d.workDir, d.cfg.Keeper, d.log)
 		os.Remove(d.state)
 	}
 	if d.slot != nil {

@@ -94,7 +94,8 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		}
 	}
 	if d.ws == nil {
-		// --store none: nothing to save or release.
+		// --store none: nothing to save or release. Its tree is not in
+		// a slot: removed here, leaving the cache dir as it was.
 		d.fs.Close()
 		for _, c := range d.closers {
 			c()
@@ -155,7 +156,7 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 		if dirty {
 			d.log.Info("discarding unsaved changes (save disabled)")
 		}
-		os.RemoveAll(d.workDir)
+		discard(d.workDir, d.cfg.Keeper, d.log)
 		os.Remove(d.state)
 	}
 	d.slot.Close()

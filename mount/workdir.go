@@ -66,7 +66,7 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 			}
 		}
 	}
-	if err := os.RemoveAll(d.workDir); err != nil {
+	if err := discard(d.workDir, cfg.Keeper, d.log); err != nil {
 		return err
 	}
 	// A tree made here, not resumed: a start that fails before it is

@@ -120,12 +120,17 @@ func TestSaveChangingTree(t *testing.T) {
 						default:
 						}
 						// In place, and of another length: a torn read
-						// mixes versions or sizes.
+						// mixes versions or sizes. Shrunk before it is
+						// written, so that no instant between the two
+						// calls holds a new prefix on an old tail (such an
+						// instant is the file's own, and may be saved).
 						v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
-						rw.WriteAt([]byte(v), 0)
-						rw.Truncate(int64(len(v)))
-						wal.WriteAt([]byte(v), 0)
-						wal.Truncate(int64(len(v)))
+						for _, f := range []*os.File{rw, wal} {
+							if st, err := f.Stat(); err == nil && st.Size() > int64(len(v)) {
+								f.Truncate(int64(len(v)))
+							}
+							f.WriteAt([]byte(v), 0)
+						}
 						// Opened for each rewrite, as most tools do, and of one
 						// length, so that every instant outside a write call
 						// holds one whole version.

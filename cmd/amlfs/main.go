@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/amlfs/amlfs/amlerr"
+	"github.com/amlfs/amlfs/mount"
 	"github.com/amlfs/amlfs/native"
 )
 
@@ -25,6 +26,9 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 1 && args[1] == native.KeeperArg {
 		return native.RunKeeper(args[2:])
+	}
+	if len(args) > 1 && args[1] == mount.RemoveTreeArg {
+		return mount.RunRemoveTree(args[2:])
 	}
 	if len(args) > 0 && isMountHelper(args[0]) {
 		a, err := helperArgs(args[1:], mountCommand().Flags)
