@@ -52,7 +52,9 @@ func TestMetrics(t *testing.T) {
 	l.put("obj.bin", make([]byte, 3<<20), nil)
 	addr := freePort(t)
 	url := "http://" + addr + "/metrics"
-	mp := l.mount("metrics", append(l.s3Args(), "--mount", "/data=s3://"+s3Bucket+"/m", "--metrics-addr", addr)...)
+	// FUSE's own request counters are what it checks: served through FUSE
+	// whatever AMLFS_TEST_SERVE says.
+	mp := l.mount("metrics", append(l.s3Args(), "--mount", "/data=s3://"+s3Bucket+"/m", "--metrics-addr", addr, "--serve", "fuse")...)
 	before := scrape(t, url)
 	if before[`amlfs_lock_state{state="held"}`] != 1 {
 		t.Errorf("lock_state held = %v", before[`amlfs_lock_state{state="held"}`])

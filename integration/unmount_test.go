@@ -34,13 +34,14 @@ func gone(t *testing.T, pid int) {
 func TestDeadMountWithoutFusermount(t *testing.T) {
 	e := newEnv(t)
 	withoutFusermount(e)
-	mp := e.mount("dead")
+	// A dead FUSE mount (a native one has its keeper: TestNativeCrash).
+	mp := e.mount("dead", "--serve", "fuse")
 	for i := range 4 {
 		sh(t, mp, fmt.Sprintf("echo %d > f%d", i, i))
 		pid := e.pid(mp)
 		syscall.Kill(pid, syscall.SIGKILL)
 		gone(t, pid)
-		if r := e.mountAt(mp, "dead"); r.code != 0 {
+		if r := e.mountAt(mp, "dead", "--serve", "fuse"); r.code != 0 {
 			t.Fatalf("mount %d after kill -9: %s", i, r)
 		}
 		for j := 0; j <= i; j++ {
