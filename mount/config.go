@@ -108,7 +108,9 @@ type ServeConfig struct {
 	Debug       bool          `key:"fuse-debug" usage:"log every FUSE request"`
 	MetricsAddr string        `key:"metrics-addr" usage:"serve Prometheus metrics at http://ADDR/metrics (host:port, such as 127.0.0.1:9100)"`
 	// Keeper is the amlfs binary, which native serving runs again as its
-	// keeper (native.KeeperArg); "" runs none.
+	// keeper (native.KeeperArg), and a stop as the remover of the tree it
+	// discards (RemoveTreeArg); "" runs neither (the tree is removed in
+	// place).
 	Keeper string
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -68,7 +69,7 @@ func sweepTrash(slotDir, exe string, log *slog.Logger) {
 // RunRemoveTree is the remover's main: it removes the one tree it is
 // given, which must be a discarded tree (a trash- name).
 func RunRemoveTree(args []string) int {
-	if len(args) != 1 || !filepath.IsAbs(args[0]) || len(filepath.Base(args[0])) <= len(trashPrefix) || filepath.Base(args[0])[:len(trashPrefix)] != trashPrefix {
+	if len(args) != 1 || !filepath.IsAbs(args[0]) || !strings.HasPrefix(filepath.Base(args[0]), trashPrefix) || filepath.Base(args[0]) == trashPrefix {
 		fmt.Fprintln(os.Stderr, "amlfs: internal-remove-tree takes one discarded tree's absolute path")
 		return 2
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -121,15 +122,12 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		return false, err
 	}
 	var any atomic.Bool
-	var wg sync.WaitGroup
-	var errMu sync.Mutex
-	var firstErr error
+	var subs errgroup.Group // subdirectories walked on other walkers
+	var firstErr error      // the first error met on this one
 	fail := func(err error) {
-		errMu.Lock()
 		if firstErr == nil {
 			firstErr = err
 		}
-		errMu.Unlock()
 	}
 entries:
 	for _, de := range ents {
@@ -172,14 +170,10 @@ entries:
 			// open until every subdirectory's walk is done.
 			select {
 			case w.slots <- struct{}{}:
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				subs.Go(func() error {
 					defer func() { <-w.slots }()
-					if err := sub(); err != nil {
-						fail(err)
-					}
-				}()
+					return sub()
+				})
 			default:
 				if err := sub(); err != nil {
 					fail(err)
@@ -229,7 +223,9 @@ entries:
 		w.add(e)
 		any.Store(true)
 	}
-	wg.Wait()
+	if err := subs.Wait(); firstErr == nil {
+		firstErr = err
+	}
 	return any.Load(), firstErr
 }
 

@@ -673,9 +673,7 @@ func (x *ArchiveIndex) appendJSON(b []byte) ([]byte, error) {
 func (e *ArchiveEntry) appendJSON(b []byte) []byte {
 	b = append(b, '{')
 	if e.Stat != (EntryStat{}) {
-		st, _ := e.Stat.MarshalJSON()
-		b = append(append(b, `"amlfs":`...), st...)
-		b = append(b, ',')
+		b = append(e.Stat.appendJSON(append(b, `"amlfs":`...)), ',')
 	}
 	b = append(b, `"mode":`...)
 	b = strconv.AppendUint(b, uint64(e.Mode), 10)

@@ -125,12 +125,14 @@ type EntryStat struct {
 // its live mounts' numbers.
 const MaxShownIno = 1<<48 - 1
 
-func (s EntryStat) MarshalJSON() ([]byte, error) {
-	b := make([]byte, 0, 64)
+func (s EntryStat) MarshalJSON() ([]byte, error) { return s.appendJSON(make([]byte, 0, 64)), nil }
+
+// appendJSON appends s as its JSON string.
+func (s EntryStat) appendJSON(b []byte) []byte {
 	b = append(s.Ctime.appendTo(append(b, '"')), ' ')
 	b = append(strconv.AppendUint(b, s.Ino, 10), ' ')
 	b = append(strconv.AppendUint(b, uint64(s.Uid), 10), ' ')
-	return append(strconv.AppendUint(b, uint64(s.Gid), 10), '"'), nil
+	return append(strconv.AppendUint(b, uint64(s.Gid), 10), '"')
 }
 
 // jsonString is the JSON string b: without a copy or a decoder when it
@@ -348,7 +350,7 @@ func isASCII(s string) bool {
 
 // SortEntries orders entries by depth, then by name. Each path's depth
 // and whether it is ASCII are found once, not at every comparison, and a
-// list already in order (a snapshot's, mostly) is left as it is.
+// list already in order (a manifest's) is left as it is.
 func SortEntries(es []TreeEntry) {
 	type key struct {
 		depth int
