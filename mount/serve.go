@@ -86,6 +86,23 @@ func checkServe(r *CheckReport, cfg Config) {
 func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Logger) (server, error) {
 	cfg := &d.cfg
 	start := time.Now()
+	opts := native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, At: d.at, Pending: revision.PendingXattr(),
+		Content: d.ws.Placeholders(), ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
+		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")}
+	// The groups first, so each placeholder is marked as it is made: a
+	// tree made here then needs no second walk of its files.
+	srv, err := native.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		d.ws.Placeholders().OnMade(nil)
+		if !started {
+			srv.Abandon()
+		}
+	}()
+	d.ws.Placeholders().OnMade(srv.MarkPlaceholder)
 	if err := d.ws.Placeholders().PopulateAll(ctx); err != nil {
 		return nil, err
 	}
@@ -104,40 +121,36 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 			"racy", gr.Racy, "not saved", gr.NotSaved, "stale", gr.Stale, "unrestored", gr.Unrestored)
 	}
 	d.ws.Placeholders().FillOnAccess()
-	srv, err := d.serveNatively(native.Options{Dir: d.workDir, Mountpoint: cfg.Mountpoint, At: d.at, Pending: revision.PendingXattr(),
-		Content: d.ws.Placeholders(), ReadOnly: slices.Contains(cfg.fuseOptions, "ro"), Log: log,
-		Keeper: cfg.Keeper, KeeperPID: filepath.Join(filepath.Dir(d.slot.Name()), "keeper.pid")}, live)
-	if err != nil {
+	// A tree made here, not resumed, holds only placeholders made since
+	// OnMade: each is marked already.
+	if err := d.serveNatively(srv, d.workDir, d.fresh, live); err != nil {
 		return nil, err
 	}
+	started = true
 	log.Info("serving natively", "placeholders", srv.Pending(), "seconds", time.Since(start).Seconds())
 	return srv, nil
 }
 
 // serveNatively makes the live mounts' prefixes in opts.Dir, names the
 // control socket on it, bind-mounts it, and mounts each live mount inside.
-func (d *Daemon) serveNatively(opts native.Options, live []fuse.Live) (*native.Server, error) {
+func (d *Daemon) serveNatively(srv *native.Server, dir string, premarked bool, live []fuse.Live) error {
 	for _, l := range live {
-		if err := os.MkdirAll(filepath.Join(opts.Dir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
-			return nil, err
+		if err := os.MkdirAll(filepath.Join(dir, filepath.FromSlash(l.Rel)), 0o755); err != nil {
+			return err
 		}
 	}
 	// How a client with nothing but the mountpoint finds the daemon, as
 	// the FUSE root's virtual xattr tells it: a trusted.* xattr, which
 	// only root may set or read, so no sandbox user can plant one. A
 	// user.* one an earlier version set is removed.
-	unix.Removexattr(opts.Dir, fuse.ControlXattr)
-	if err := unix.Setxattr(opts.Dir, NativeControlXattr, []byte(SocketPath(d.cfg.Mountpoint)), 0); err != nil {
-		opts.Log.Debug("name the control socket on the root", "err", err)
+	unix.Removexattr(dir, fuse.ControlXattr)
+	if err := unix.Setxattr(dir, NativeControlXattr, []byte(SocketPath(d.cfg.Mountpoint)), 0); err != nil {
+		d.log.Debug("name the control socket on the root", "err", err)
 	}
-	srv, err := native.Mount(opts)
-	if err != nil {
-		return nil, err
+	if err := srv.Start(premarked); err != nil {
+		return err
 	}
-	if err := d.mountLiveInside(srv, live); err != nil {
-		return nil, err
-	}
-	return srv, nil
+	return d.mountLiveInside(srv, live)
 }
 
 // NativeControlXattr names the control socket on a natively served
@@ -181,7 +194,15 @@ func (d *Daemon) mountLiveInside(srv *native.Server, live []fuse.Live) error {
 // the live mounts' prefixes, bind-mounted read-only, with each live mount
 // its own FUSE connection inside it.
 func (d *Daemon) mountNoWorkspaceNative(dir string, live []fuse.Live) (server, error) {
-	return d.serveNatively(native.Options{Dir: dir, Mountpoint: d.cfg.Mountpoint, At: d.at, ReadOnly: true, Log: d.log}, live)
+	srv, err := native.New(native.Options{Dir: dir, Mountpoint: d.cfg.Mountpoint, At: d.at, ReadOnly: true, Log: d.log})
+	if err != nil {
+		return nil, err
+	}
+	if err := d.serveNatively(srv, dir, false, live); err != nil {
+		srv.Abandon()
+		return nil, err
+	}
+	return srv, nil
 }
 
 // unmountLive unmounts the live mounts' own FUSE connections, innermost

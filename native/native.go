@@ -155,53 +155,96 @@ func Supported(dir string) (bool, string) {
 // Mount marks the tree's placeholders and directories, then bind-mounts
 // opts.Dir at opts.Mountpoint.
 func Mount(opts Options) (*Server, error) {
+	s, err := New(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Start(false); err != nil {
+		s.closeFDs()
+		return nil, err
+	}
+	return s, nil
+}
+
+// New makes the server's fanotify groups, so that placeholders can be
+// marked as they are made (MarkPlaceholder), before Start. A server not
+// started is given up with Abandon.
+func New(opts Options) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{opts: opts, log: opts.Log, hsm: -1, notify: -1, stop: [2]int{-1, -1}, gone: make(chan struct{}), self: int32(os.Getpid())}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	ok := false
-	defer func() {
-		if !ok {
-			s.closeFDs()
-		}
-	}()
 	var err error
 	if s.hsm, err = unix.FanotifyInit(unix.FAN_CLASS_PRE_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS,
 		unix.O_RDWR|unix.O_LARGEFILE|unix.O_CLOEXEC); err != nil {
+		s.closeFDs()
 		return nil, fmt.Errorf("fanotify_init(FAN_CLASS_PRE_CONTENT): %w", err)
 	}
 	if s.notify, err = unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS|unix.FAN_REPORT_FID,
 		unix.O_RDONLY|unix.O_CLOEXEC); err != nil {
+		s.closeFDs()
 		return nil, fmt.Errorf("fanotify_init(FAN_REPORT_FID): %w", err)
 	}
 	if err := unix.Pipe2(s.stop[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		s.closeFDs()
 		return nil, err
 	}
+	return s, nil
+}
+
+// MarkPlaceholder marks the placeholder open as fd (any descriptor of it)
+// for pre-content events: for a placeholder made after New, before Start.
+func (s *Server) MarkPlaceholder(fd int) error {
+	err := unix.FanotifyMark(s.hsm, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, placeholderMask, fd, "")
+	if errors.Is(err, unix.EBADF) { // an O_PATH descriptor: through its magic link
+		err = unix.FanotifyMark(s.hsm, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, placeholderMask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd))
+	}
+	if err != nil {
+		return fmt.Errorf("mark a placeholder: %w", err)
+	}
+	s.marked.Add(1)
+	return nil
+}
+
+// Abandon closes the groups of a server New made and Start never started.
+func (s *Server) Abandon() { s.closeFDs() }
+
+// Start marks the tree's directories and, unless premarked (every
+// placeholder in the tree was made after New and marked then), its
+// placeholders; then bind-mounts opts.Dir at opts.Mountpoint and serves.
+// On an error the server is to be abandoned.
+func (s *Server) Start(premarked bool) error {
+	opts := s.opts
+	ok := false
+	defer func() {
+		if !ok && s.mnt != nil {
+			s.mnt.Unmount(true)
+		}
+	}()
 	if opts.Content != nil {
 		opts.Content.OnFilled(s.unmark)
 	}
 	start := time.Now()
-	dirs, files, err := s.markTree(opts.Content != nil)
+	dirs, files, err := s.markTree(opts.Content != nil && !premarked)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	s.log.Debug("marked the tree", "dirs", dirs, "placeholders", files, "seconds", time.Since(start).Seconds())
+	s.log.Debug("marked the tree", "dirs", dirs, "placeholders", files, "premarked", premarked, "seconds", time.Since(start).Seconds())
 	// A keeper a dead daemon left answers EIO for these same inodes:
 	// stopped now that this group marks them.
 	if opts.KeeperPID != "" {
 		StopKeeper(opts.KeeperPID)
 	}
 	if err := s.bind(); err != nil {
-		return nil, err
+		return err
 	}
 	if opts.Content == nil {
 		// No placeholders (--store none): nothing for a keeper to answer.
 	} else if opts.Keeper == "" {
 		s.log.Warn("no keeper: if the daemon dies, files not fetched yet read as zeros until the mount is cleaned", "op", "mount", "path", opts.Mountpoint)
 	} else if s.keeper, err = startKeeper(opts.Keeper, s.hsm, s.mnt); err != nil {
-		s.mnt.Unmount(true)
-		return nil, fmt.Errorf("start the keeper: %w", err)
+		return fmt.Errorf("start the keeper: %w", err)
 	} else if opts.KeeperPID != "" {
 		os.WriteFile(opts.KeeperPID, []byte(strconv.Itoa(s.keeper.cmd.Process.Pid)), 0o600)
 	}
@@ -210,7 +253,7 @@ func Mount(opts Options) (*Server, error) {
 	go s.serveHSM()
 	go s.serveNotify()
 	go s.watchMounts()
-	return s, nil
+	return nil
 }
 
 // dirMask is what a directory's mark counts as a change.

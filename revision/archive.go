@@ -42,7 +42,7 @@ func memberKey(archive string, e format.ArchiveEntry) string {
 // parseMemberKey reads a memberKey back; ok is false for any other key.
 func parseMemberKey(key string) (archive string, e format.ArchiveEntry, ok bool) {
 	archive, rest, ok := strings.Cut(key, "#")
-	if !ok || !strings.HasSuffix(archive, format.ArchiveExt) || store.CheckKey(archive) != nil {
+	if !ok || !isArchiveKey(archive) {
 		return "", e, false
 	}
 	f := strings.SplitN(rest, ",", 5)
@@ -70,6 +70,9 @@ func artifactOf(key string) string {
 	if archive, _, ok := parseMemberKey(key); ok {
 		return archive
 	}
+	if archive, _, ok := parseRefKey(key); ok {
+		return archive
+	}
 	if rev, _, ok := strings.Cut(key, "files/"); ok {
 		return rev
 	}
@@ -80,6 +83,12 @@ func artifactOf(key string) string {
 // or an archive's member, with one ranged read, checked against the
 // index.
 func (w *Workspace) openFileBytes(ctx context.Context, key string) (io.ReadCloser, error) {
+	if archive, idx, ok := parseRefKey(key); ok {
+		var err error
+		if key, err = w.resolveRef(ctx, archive, idx); err != nil {
+			return nil, err
+		}
+	}
 	archive, e, ok := parseMemberKey(key)
 	if !ok {
 		return w.store.Open(ctx, key)

@@ -368,7 +368,7 @@ func archiveStats(entry format.Entry, out archiveOut, pending func(ino uint64) b
 		if up.moves == nil {
 			up.moves = map[uint64]repointTo{}
 		}
-		up.moves[stp.Ino] = repointTo{path: e.Path, key: key}
+		up.moves[stp.Ino] = repointTo{path: e.Path, key: key, idx: i}
 	}
 	return up
 }

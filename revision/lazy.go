@@ -1,6 +1,7 @@
 package revision
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
@@ -73,6 +76,7 @@ type lazyState struct {
 	// The value is the path where the fetch found it.
 	gone map[uint64]string // GUARDED_BY(mu)
 	dirs *dirSet           // directories still to populate (lazydir.go)
+	revs *revTable         // the archives short markers name (marker.go)
 }
 
 type fetchCall struct {
@@ -81,26 +85,23 @@ type fetchCall struct {
 }
 
 func newLazy(dir string) *lazyState {
-	return &lazyState{dir: dir, pending: map[uint64]pendingFile{}, inflight: map[uint64]*fetchCall{}, gone: map[uint64]string{}}
+	return &lazyState{dir: dir, pending: map[uint64]pendingFile{}, inflight: map[uint64]*fetchCall{}, gone: map[uint64]string{}, revs: newRevTable(dir)}
 }
 
-// addPlaceholder creates the placeholder for te at dst, whose bytes are at
-// key, and returns its stamp. The placeholder appears at dst complete, with
-// its size, mode and marker (made as an O_TMPFILE, then linked), so a crash
-// never leaves a half-made one that could pass for real content. If dst
-// exists already and is this placeholder (an interrupted population made
-// it), it is taken as is; anything else there is left alone. Raw syscalls:
-// an *os.File would register each descriptor with the runtime poller,
-// which costs more than the placeholder itself.
+// addPlaceholder creates the placeholder for te named name in the
+// directory open as dirfd (at dir), whose bytes are at key (the idx-th
+// entry of its archive's index, or -1), and returns its stamp. The
+// placeholder appears complete, with its size, mode and marker (made as an
+// O_TMPFILE, then linked), so a crash never leaves a half-made one that
+// could pass for real content. If the name exists already and is this
+// placeholder (an interrupted population made it), it is taken as is;
+// anything else there is left alone. Raw syscalls, each on a descriptor:
+// an *os.File would register each descriptor with the runtime poller, and
+// a path walked again per call, which cost more than the placeholder.
 // view, if not nil, is told of a placeholder made here.
-func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, view StatView) (store.Stamp, error) {
-	fd, err := unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-	if errors.Is(err, unix.ENOENT) {
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return store.Stamp{}, err
-		}
-		fd, err = unix.Open(filepath.Dir(dst), unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-	}
+func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEntry, key string, idx int, view StatView, made func(fd int) error) (store.Stamp, error) {
+	dst := filepath.Join(dir, name)
+	fd, err := unix.Openat(dirfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return store.Stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
 	}
@@ -120,7 +121,12 @@ func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, 
 			}
 		}
 	}
-	if err := unix.Fsetxattr(fd, PendingXattr(), []byte(key), 0); err != nil {
+	// The marker is written, and the placeholder counted pending, with
+	// the table of archives held, so the number it names stays.
+	l.revs.mu.RLock()
+	defer l.revs.mu.RUnlock()
+	marker := l.revs.marker(key, idx, l.artifactsInUse)
+	if err := unix.Fsetxattr(fd, PendingXattr(), marker, 0); err != nil {
 		return store.Stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
 	}
 	if err := chownSaved(fd, te); err != nil {
@@ -131,11 +137,11 @@ func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, 
 	}
 	if te.Mtime != 0 {
 		ts := unix.NsecToTimespec(int64(te.Mtime))
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), []unix.Timespec{ts, ts}, 0); err != nil {
+		if err := futimens(fd, ts); err != nil {
 			return store.Stamp{}, &os.PathError{Op: "utimensat", Path: dst, Err: err}
 		}
 	}
-	err = unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, dst, unix.AT_SYMLINK_FOLLOW)
+	err = linkFd(fd, dirfd, name)
 	var st unix.Statx_t
 	switch {
 	case err == nil:
@@ -145,14 +151,30 @@ func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, 
 		if view != nil {
 			view.Restored(&st, te)
 		}
+		if made != nil {
+			if err := made(fd); err != nil {
+				return store.Stamp{}, err
+			}
+		}
 	case errors.Is(err, unix.EEXIST):
-		buf := make([]byte, len(key)+1)
+		buf := make([]byte, 4096)
 		n, xerr := unix.Lgetxattr(dst, PendingXattr(), buf)
-		if xerr != nil || string(buf[:n]) != key {
+		if xerr != nil || !bytes.Equal(buf[:n], marker) {
 			return store.Stamp{}, nil // not ours: leave it
 		}
-		if err := statx(dst, &st); err != nil {
+		if err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
 			return store.Stamp{}, err
+		}
+		if made != nil {
+			pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return store.Stamp{}, &os.PathError{Op: "open", Path: dst, Err: err}
+			}
+			err = made(pfd)
+			unix.Close(pfd)
+			if err != nil {
+				return store.Stamp{}, err
+			}
 		}
 	default:
 		return store.Stamp{}, &os.PathError{Op: "link", Path: dst, Err: err}
@@ -165,6 +187,38 @@ func (l *lazyState) addPlaceholder(dst string, te format.TreeEntry, key string, 
 	l.bytes += te.Size
 	l.mu.Unlock()
 	return store.Stamp{Ino: st.Ino, Size: st.Size, Mtime: tsOf(st.Mtime), Ctime: tsOf(st.Ctime)}, nil
+}
+
+// artifactsInUse lists the artifacts pending placeholders' bytes are in.
+func (l *lazyState) artifactsInUse() map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]bool{}
+	for _, pf := range l.pending {
+		out[artifactOf(pf.key)] = true
+	}
+	return out
+}
+
+// futimens sets the access and modification times of the file open as fd
+// (utimensat with no path: x/sys/unix has no wrapper for it).
+func futimens(fd int, ts unix.Timespec) error {
+	times := [2]unix.Timespec{ts, ts}
+	if _, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&times)), 0, 0, 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// linkFd links the O_TMPFILE open as fd as name in the directory open as
+// dirfd: by the descriptor itself where the kernel lets this process
+// (Linux 6.10, or CAP_DAC_READ_SEARCH), else through /proc.
+func linkFd(fd, dirfd int, name string) error {
+	err := unix.Linkat(fd, "", dirfd, name, unix.AT_EMPTY_PATH)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) {
+		err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
+	}
+	return err
 }
 
 // getMarker reads the marker name of p, or with legacy, if it has none,
@@ -182,6 +236,9 @@ func validPendingKey(key string) bool {
 	if _, _, ok := parseMemberKey(key); ok {
 		return true
 	}
+	if _, _, ok := parseRefKey(key); ok {
+		return true
+	}
 	if _, _, ok := store.SplitForeign(key); ok {
 		return !strings.Contains(key, "\x00")
 	}
@@ -196,6 +253,9 @@ func validPendingKey(key string) bool {
 func scanPending(dir string, sel format.Selection, legacy bool) (*lazyState, error) {
 	l := newLazy(dir)
 	l.dirs = newDirSet(sel)
+	if err := l.revs.load(); err != nil {
+		return nil, err
+	}
 	buf := make([]byte, 4096)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -221,9 +281,9 @@ func scanPending(dir string, sel format.Selection, legacy bool) (*lazyState, err
 		if err != nil {
 			return nil // not a placeholder (ENODATA)
 		}
-		key := string(buf[:n])
-		if !validPendingKey(key) {
-			return amlerr.New(amlerr.InvalidStore, p, "bad pending marker %q", key)
+		key, ok := l.revs.key(string(buf[:n]))
+		if !ok {
+			return amlerr.New(amlerr.InvalidStore, p, "bad pending marker %q", buf[:n])
 		}
 		var st syscall.Stat_t
 		if err := syscall.Lstat(p, &st); err != nil {
@@ -496,19 +556,35 @@ func (w *Workspace) repoint(moves map[uint64]repointTo) {
 		if syscall.Lstat(p, &st) != nil || st.Ino != ino {
 			continue
 		}
-		if err := unix.Lsetxattr(p, PendingXattr(), []byte(m.key), unix.XATTR_REPLACE); err != nil {
+		if !l.remark(p, ino, pf.key, m) {
 			continue // already fetched: the marker is gone
 		}
-		l.mu.Lock()
-		if cur, ok := l.pending[ino]; ok && cur.key == pf.key {
-			cur.key = m.key
-			l.pending[ino] = cur
-		}
-		l.mu.Unlock()
 	}
 }
 
-type repointTo struct{ path, key string }
+// remark writes the marker of the placeholder at p (inode ino, whose bytes
+// were at old) for its new place m.
+func (l *lazyState) remark(p string, ino uint64, old string, m repointTo) bool {
+	l.revs.mu.RLock()
+	defer l.revs.mu.RUnlock()
+	if err := unix.Lsetxattr(p, PendingXattr(), l.revs.marker(m.key, m.idx, l.artifactsInUse), unix.XATTR_REPLACE); err != nil {
+		return false
+	}
+	l.mu.Lock()
+	if cur, ok := l.pending[ino]; ok && cur.key == old {
+		cur.key = m.key
+		l.pending[ino] = cur
+	}
+	l.mu.Unlock()
+	return true
+}
+
+// repointTo is a placeholder's new place: at path, its bytes at key, the
+// idx-th entry of its archive's index (or -1).
+type repointTo struct {
+	path, key string
+	idx       int
+}
 
 // fetchFrom fetches every pending file whose bytes live in the artifact at
 // revPath, before that revision is pruned. It reports whether all did.

@@ -52,17 +52,17 @@ type pendingDir struct {
 // dirSet is the lazy state of directories.
 type dirSet struct {
 	mu    sync.Mutex
-	dirs  map[uint64]pendingDir          // GUARDED_BY(mu): by inode
-	calls map[uint64]*fetchCall          // GUARDED_BY(mu)
-	files map[string][]format.TreeEntry  // GUARDED_BY(mu): rev + "\x00" + dir -> its files
-	revs  map[string]func(string) string // GUARDED_BY(mu): revisions loaded into files, and their files' keys
+	dirs  map[uint64]pendingDir                 // GUARDED_BY(mu): by inode
+	calls map[uint64]*fetchCall                 // GUARDED_BY(mu)
+	files map[string][]format.TreeEntry         // GUARDED_BY(mu): rev + "\x00" + dir -> its files
+	revs  map[string]func(string) (string, int) // GUARDED_BY(mu): revisions loaded into files, and their files' keys
 	sel   format.Selection
 	n     atomic.Int64 // len(dirs), read without mu on every FUSE call
 }
 
 func newDirSet(sel format.Selection) *dirSet {
 	return &dirSet{dirs: map[uint64]pendingDir{}, calls: map[uint64]*fetchCall{},
-		files: map[string][]format.TreeEntry{}, revs: map[string]func(string) string{}, sel: sel}
+		files: map[string][]format.TreeEntry{}, revs: map[string]func(string) (string, int){}, sel: sel}
 }
 
 // unmade counts the files of pending directories whose revision's
@@ -220,14 +220,22 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	keyOf := d.revs[pd.rev]
 	d.mu.Unlock()
 	base := w.baseTree()
+	w.lmu.Lock()
+	made := w.onMade
+	w.lmu.Unlock()
+	dirfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(dirfd)
 	// Making placeholders is not a change: the directory keeps its mtime.
-	var dst syscall.Stat_t
-	if err := syscall.Lstat(dir, &dst); err != nil {
+	var dst unix.Stat_t
+	if err := unix.Fstat(dirfd, &dst); err != nil {
 		return err
 	}
 	for _, te := range files {
-		key := keyOf(te.Path)
-		stp, err := l.addPlaceholder(filepath.Join(dir, path.Base(te.Path)), te, key, view)
+		key, idx := keyOf(te.Path)
+		stp, err := l.addPlaceholder(dirfd, dir, path.Base(te.Path), te, key, idx, view, made)
 		if err != nil {
 			return err
 		}

@@ -63,3 +63,12 @@ func (p Placeholders) Prefetch(ctx context.Context, workers int) { p.w.prefetch(
 
 // Stop ends every fetch under way: its reader gets EIO.
 func (p Placeholders) Stop() { p.w.stopFetches() }
+
+// OnMade registers fn, called with a descriptor of every placeholder made
+// from now on, before it is counted made: an error from it fails the
+// population. Native serving marks each for pre-content events so.
+func (p Placeholders) OnMade(fn func(fd int) error) {
+	p.w.lmu.Lock()
+	p.w.onMade = fn
+	p.w.lmu.Unlock()
+}

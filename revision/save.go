@@ -352,7 +352,7 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 					if up.moves == nil {
 						up.moves = map[uint64]repointTo{}
 					}
-					up.moves[stp.Ino] = repointTo{path: te.Path, key: entry.Path + name}
+					up.moves[stp.Ino] = repointTo{path: te.Path, key: entry.Path + name, idx: -1}
 					up.stamps[te.Path] = baseFile{stamp: stp, key: entry.Path + name}
 				})
 				if err != nil {

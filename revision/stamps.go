@@ -121,7 +121,8 @@ func recordTree(dir string, e format.Entry, entries []format.TreeEntry, x *forma
 			continue
 		}
 		if st, ok := statStamp(filepath.Join(dir, filepath.FromSlash(e.Path))); ok {
-			b.files[e.Path] = baseFile{stamp: st, key: keys(e.Path)}
+			key, _ := keys(e.Path)
+			b.files[e.Path] = baseFile{stamp: st, key: key}
 		}
 	}
 	return b
@@ -129,20 +130,21 @@ func recordTree(dir string, e format.Entry, entries []format.TreeEntry, x *forma
 
 // fileKeys gives the key of each file's bytes in the revision at revPath:
 // a folder's object, or with x an archive's member (memberKey).
-func fileKeys(revPath string, x *format.ArchiveIndex) func(p string) string {
+// The second result is the file's entry in x (-1 for a folder).
+func fileKeys(revPath string, x *format.ArchiveIndex) func(p string) (string, int) {
 	if x == nil {
-		return func(p string) string { return revPath + "files/" + p }
+		return func(p string) (string, int) { return revPath + "files/" + p, -1 }
 	}
 	at := make(map[string]int, len(x.Entries))
 	for i := range x.Entries {
 		at[x.Entries[i].Path] = i
 	}
-	return func(p string) string {
+	return func(p string) (string, int) {
 		i, ok := at[p]
 		if !ok {
-			return memberKey(revPath, format.ArchiveEntry{})
+			return memberKey(revPath, format.ArchiveEntry{}), -1
 		}
-		return memberKey(revPath, x.Entries[i])
+		return memberKey(revPath, x.Entries[i]), i
 	}
 }
 

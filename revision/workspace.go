@@ -108,9 +108,11 @@ type Workspace struct {
 	// its index read (a fork's first save): there must be none, and its
 	// publication is conditional on that.
 	created    bool
-	members    *memberCache   // archive members read for lazy fetches
-	prunes     sync.WaitGroup // pruning after a save's publication
-	autoFormat bool           // Options.Format was "": chosen here
+	members    *memberCache       // archive members read for lazy fetches
+	indexes    *indexCache        // archive indexes read for placeholders' short markers
+	onMade     func(fd int) error // GUARDED_BY(lmu): Placeholders.OnMade
+	prunes     sync.WaitGroup     // pruning after a save's publication
+	autoFormat bool               // Options.Format was "": chosen here
 	// view is the stat data the mount shows for restored files.
 	view StatView
 	// fork, until the first save publishes, names the revision of
@@ -240,7 +242,7 @@ func newWorkspace(store store.Store, opts Options) (*Workspace, error) {
 	if opts.FetchTimeout <= 0 {
 		opts.FetchTimeout = DefaultFetchTimeout
 	}
-	w := &Workspace{store: store, opts: opts, log: opts.Log, view: opts.View, orphansMaybe: true, members: newMemberCache()}
+	w := &Workspace{store: store, opts: opts, log: opts.Log, view: opts.View, orphansMaybe: true, members: newMemberCache(), indexes: newIndexCache()}
 	if w.view == nil {
 		w.view = diskView{}
 	}
