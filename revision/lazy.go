@@ -543,40 +543,45 @@ func (w *Workspace) repoint(moves map[uint64]repointTo) {
 	if l == nil || len(moves) == 0 {
 		return
 	}
+	base := w.baseTree()
 	for ino, m := range moves {
-		l.mu.Lock()
-		pf, ok := l.pending[ino]
-		_, busy := l.inflight[ino]
-		l.mu.Unlock()
-		if !ok || busy {
-			continue
-		}
 		p := filepath.Join(l.dir, filepath.FromSlash(m.path))
-		var st syscall.Stat_t
-		if syscall.Lstat(p, &st) != nil || st.Ino != ino {
-			continue
-		}
-		if !l.remark(p, ino, pf.key, m) {
-			continue // already fetched: the marker is gone
+		if stp, ok := l.remark(p, ino, m); ok && base != nil {
+			// A new marker is a new ctime: the save's stamp of the
+			// file follows it, or the next save would take the file
+			// for changed, and fetch and upload it.
+			base.restamp(m.path, stp, m.key)
 		}
 	}
 }
 
-// remark writes the marker of the placeholder at p (inode ino, whose bytes
-// were at old) for its new place m.
-func (l *lazyState) remark(p string, ino uint64, old string, m repointTo) bool {
+// remark writes the marker of the placeholder at p (inode ino) for its new
+// place m, and returns its stamp after. No fetch of it can start or end
+// meanwhile: a placeholder being fetched, or fetched, is left alone.
+func (l *lazyState) remark(p string, ino uint64, m repointTo) (store.Stamp, bool) {
 	l.revs.mu.RLock()
 	defer l.revs.mu.RUnlock()
-	if err := unix.Lsetxattr(p, PendingXattr(), l.revs.marker(m.key, m.idx, l.artifactsInUse), unix.XATTR_REPLACE); err != nil {
-		return false
-	}
+	marker := l.revs.marker(m.key, m.idx, l.artifactsInUse)
 	l.mu.Lock()
-	if cur, ok := l.pending[ino]; ok && cur.key == old {
-		cur.key = m.key
-		l.pending[ino] = cur
+	defer l.mu.Unlock()
+	cur, ok := l.pending[ino]
+	if _, busy := l.inflight[ino]; !ok || busy {
+		return store.Stamp{}, false
 	}
-	l.mu.Unlock()
-	return true
+	before, ok := statStamp(p)
+	if !ok || before.Ino != ino {
+		return store.Stamp{}, false // moved: fetched when next opened or saved
+	}
+	if err := unix.Lsetxattr(p, PendingXattr(), marker, unix.XATTR_REPLACE); err != nil {
+		return store.Stamp{}, false // fetched: the marker is gone
+	}
+	cur.key = m.key
+	l.pending[ino] = cur
+	after, ok := statStamp(p)
+	if !ok || after.Ino != ino || after.Size != before.Size || after.Mtime != before.Mtime {
+		return store.Stamp{}, false
+	}
+	return after, true
 }
 
 // repointTo is a placeholder's new place: at path, its bytes at key, the

@@ -286,3 +286,39 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 		}
 	})
 }
+
+// A save repoints the placeholders not fetched at the new revision; the
+// new marker is a new ctime, which must not make the next save take every
+// placeholder for changed (fetching and uploading the whole tree).
+func TestRepointKeepsReuse(t *testing.T) {
+	forStoresFormats(t, func(t *testing.T, sk, form string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"a/1": "one", "a/2": "two", "b/3": "three", "b/4": "four", "c": "c"})
+		w := openWS(t, base, "repoint", Options{LazyRestore: true, Retention: 5, Format: form})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		for i, change := range []string{"c", "a/1"} {
+			if err := w.ensure(ctx, change); err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dst, change), []byte("changed"), 0o644)
+			res, err := w.Save(ctx, dst, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.prunes.Wait() // the repointing, after the save
+			if res.Uploaded != 1 {
+				t.Errorf("save %d after a one-file change uploaded %d files, reused %d", i+1, res.Uploaded, res.Reused)
+			}
+		}
+		if n, _ := w.pending(); n != 3 {
+			t.Errorf("%d placeholders still pending, want 3 (nothing fetched but the changed files)", n)
+		}
+	})
+}

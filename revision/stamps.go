@@ -157,3 +157,16 @@ func (b *baseTree) add(p string, f baseFile, revPath string) {
 		b.files[p] = f
 	}
 }
+
+// restamp records the stamp a placeholder at p has after its marker was
+// rewritten for key (repoint), if the base still records it at key with
+// the same inode, size and mtime.
+func (b *baseTree) restamp(p string, stp store.Stamp, key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f, ok := b.files[p]
+	if ok && f.key == key && f.stamp.Ino == stp.Ino && f.stamp.Size == stp.Size && f.stamp.Mtime == stp.Mtime {
+		f.stamp = stp
+		b.files[p] = f
+	}
+}
