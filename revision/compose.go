@@ -60,7 +60,8 @@ type archiveOut struct {
 
 // planArchive finds what of base, the archive at key, the snapshot
 // entries of dir can reuse: nil when nothing.
-func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry) (*archivePlan, error) {
+// A file in virtual is not made yet: it is the base's, unchanged.
+func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry, virtual map[string]bool) (*archivePlan, error) {
 	if base == nil || base.index == nil || base.dir != dir {
 		return nil, nil
 	}
@@ -75,6 +76,10 @@ func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry) (*
 		}
 		i, ok := inBase[te.Path]
 		if !ok || base.index.Entries[i].Type != format.TypeFile || base.index.Entries[i].Size != te.Size {
+			continue
+		}
+		if virtual[te.Path] {
+			p.kept[te.Path] = store.Stamp{} // no file, so no stamp
 			continue
 		}
 		// The stamp Snapshot listed (entries are as it gave them).
@@ -266,13 +271,13 @@ func (w *Workspace) writeEarlier(ctx context.Context, aw *format.ComposeWriter, 
 // archive when there is one (a fork's source's, for a fork), else whole.
 // A composition whose base is gone (another writer pruned it), or that
 // would need too many parts, is written whole instead.
-func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, prog *progress, src *Workspace) (uploadStats, error) {
+func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, virtual map[string]bool, prog *progress, src *Workspace) (uploadStats, error) {
 	base, baseKey := w.reusableBase(src)
 	var key string
 	if base != nil {
 		key = baseKey(base.revPath)
 	}
-	plan, err := planArchive(base, key, dir, entries)
+	plan, err := planArchive(base, key, dir, entries, virtual)
 	if err != nil {
 		w.log.Info("writing the archive whole", "op", "save", "reason", err)
 	}

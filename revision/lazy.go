@@ -396,13 +396,23 @@ func (w *Workspace) ensure(ctx context.Context, rel string) error {
 	l.mu.Lock()
 	empty := len(l.pending) == 0
 	l.mu.Unlock()
-	if empty {
+	dirs := l.dirs != nil && l.dirs.n.Load() > 0
+	if empty && !dirs {
 		return nil
 	}
 	p := filepath.Join(l.dir, filepath.FromSlash(rel))
 	var st syscall.Stat_t
 	if err := syscall.Lstat(p, &st); err != nil {
-		return nil // gone or not there: nothing to fetch
+		if !dirs || !errors.Is(err, syscall.ENOENT) {
+			return nil // gone or not there: nothing to fetch
+		}
+		// Not made yet, if its directory's placeholders are not.
+		if err := w.ensureDir(ctx, parentDir(rel)); err != nil {
+			return err
+		}
+		if syscall.Lstat(p, &st) != nil {
+			return nil
+		}
 	}
 	return w.fetch(ctx, l, st.Ino, p)
 }

@@ -181,9 +181,10 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.expect = nil // the tree is now the new revision's
 	w.setFork(nil)
 	var moves map[uint64]repointTo
+	var listed map[uint64]string
 	if src == w {
 		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
-		moves = up.moves
+		moves, listed = up.moves, up.listed
 	}
 	// 5. Prune, after publication, without holding the save up.
 	total, files := treeSize(up.entries)
@@ -199,7 +200,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	for _, p := range pruned {
 		res.Pruned = append(res.Pruned, p.ID)
 	}
-	if len(pruned) > 0 || len(moves) > 0 {
+	if len(pruned) > 0 || len(moves) > 0 || len(listed) > 0 {
 		// After the save returns, in this order: placeholders not
 		// fetched yet take their bytes from the new revision, where the
 		// save copied them (a marker rewritten per placeholder: seconds
@@ -210,6 +211,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		go func() {
 			defer w.prunes.Done()
 			w.repoint(moves)
+			w.repointDirs(context.WithoutCancel(ctx), listed, entry.Path, up.index)
 			if len(pruned) > 0 {
 				w.prune(context.WithoutCancel(ctx), pruned)
 			}
@@ -226,10 +228,17 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 // lazily restored directories get their placeholders first), 2. limits,
 // 3. upload the artifact of revision revID. Must hold w.mu.
 func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (entry format.Entry, skipped []string, up uploadStats, err error) {
-	if err := src.populateAll(ctx); err != nil {
+	// A lazily restored directory's files not made yet are listed from
+	// the revision where they can be (virtual.go); the rest are made.
+	base, _ := w.reusableBase(src)
+	ps := w.snapshotPending(ctx, src, base, dir, sel)
+	var prep func(string) ([]format.TreeEntry, error)
+	if ps != nil {
+		prep = ps.prepare
+	} else if err := src.populateAll(ctx); err != nil {
 		return entry, nil, up, err
 	}
-	entries, skipped, err := Snapshot(dir, sel)
+	entries, skipped, virtual, err := snapshot(dir, sel, prep)
 	if err != nil {
 		return entry, nil, up, err
 	}
@@ -250,7 +259,8 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	}
 	entry = format.Entry{ID: revID, Format: w.opts.Format, Path: format.RevisionPath(revID, w.opts.Format), CreatedAt: format.FormatCreatedAt(w.opts.Now())}
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
-	up, err = w.upload(ctx, dir, entry, entries, prog, src)
+	up, err = w.upload(ctx, dir, entry, entries, virtual, prog, src)
+	up.listed = ps.listed()
 	prog.finish()
 	if errors.Is(err, store.ErrExist) {
 		err = amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
@@ -266,6 +276,7 @@ type uploadStats struct {
 	uploadedBytes    int64
 	stamps           map[string]baseFile
 	moves            map[uint64]repointTo // reused placeholders, by inode
+	listed           map[uint64]string    // pending directories listed from the base (virtual.go)
 	index            *format.ArchiveIndex // an archive's
 	earlier, leftOut []string             // files unsettled (SaveResult)
 }
@@ -273,9 +284,12 @@ type uploadStats struct {
 // upload writes the artifact. For a folder revision, a file unchanged since
 // the base tree (same stamp) reuses the base revision's object; only the
 // rest is uploaded. Must hold w.mu.
-func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, prog *progress, src *Workspace) (up uploadStats, err error) {
+func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, virtual map[string]bool, prog *progress, src *Workspace) (up uploadStats, err error) {
 	if entry.Format == format.FormatArchive {
-		return w.uploadArchive(ctx, dir, entry, entries, prog, src)
+		return w.uploadArchive(ctx, dir, entry, entries, virtual, prog, src)
+	}
+	if len(virtual) > 0 {
+		return up, fmt.Errorf("internal error: a folder save listed %d files not made", len(virtual))
 	}
 	st, err := w.store.Stage(ctx, entry.Path)
 	if err != nil {

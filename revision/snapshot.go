@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -29,14 +30,23 @@ import (
 // need; a path over 4,095 bytes; a symlink target that is not UTF-8) is an
 // UNSUPPORTED_ENTRY error listing every such path.
 func Snapshot(dir string, s format.Selection) (entries []format.TreeEntry, skipped []string, err error) {
+	entries, skipped, _, err = snapshot(dir, s, nil)
+	return entries, skipped, err
+}
+
+// snapshot is Snapshot with prep, if not nil, called for each directory
+// before it is listed: it returns files the directory holds that are not
+// made yet (a lazily restored directory's, listed from its revision),
+// which are listed as if they were there, and returned in virtual too.
+func snapshot(dir string, s format.Selection, prep func(rel string) ([]format.TreeEntry, error)) (entries []format.TreeEntry, skipped []string, virtual map[string]bool, err error) {
 	t, err := openTree(dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer t.Close()
-	w := walker{root: t, sel: s, slots: make(chan struct{}, snapshotWorkers-1)}
+	w := walker{root: t, sel: s, slots: make(chan struct{}, snapshotWorkers-1), prep: prep, virtual: map[string]bool{}}
 	if _, err := w.walk("", nil, false); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// Directories are walked at once: the order found is not the order
 	// given.
@@ -46,10 +56,10 @@ func Snapshot(dir string, s format.Selection) (entries []format.TreeEntry, skipp
 		if n > 20 {
 			w.bad = append(w.bad[:20], fmt.Sprintf("and %d more", n-20))
 		}
-		return nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
+		return nil, nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
 	}
 	format.SortEntries(w.out)
-	return w.out, w.skipped, nil
+	return w.out, w.skipped, w.virtual, nil
 }
 
 // SpecialFilesError is the UNSUPPORTED_ENTRY error of a strict save that
@@ -69,11 +79,13 @@ type walker struct {
 	root  *tree // every path is opened beneath it
 	sel   format.Selection
 	slots chan struct{} // a slot per walker beyond the caller's
+	prep  func(rel string) ([]format.TreeEntry, error)
 
 	mu      sync.Mutex // guards what follows: directories are walked at once
 	out     []format.TreeEntry
 	skipped []string // special files
 	bad     []string // what no revision can hold, with why
+	virtual map[string]bool
 }
 
 // snapshotWorkers is how many directories a snapshot lists at once: a
@@ -105,6 +117,12 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 	}
 	defer d.Close()
 	dfd := int(d.Fd())
+	var notMade []format.TreeEntry
+	if w.prep != nil {
+		if notMade, err = w.prep(rel); err != nil {
+			return false, err
+		}
+	}
 	var domain []string
 	if rel != "" {
 		domain = strings.Split(rel, "/")
@@ -223,10 +241,48 @@ entries:
 		w.add(e)
 		any.Store(true)
 	}
+	if firstErr == nil && w.addNotMade(rel, notMade, ents, domain, matcher, ignored) {
+		any.Store(true)
+	}
 	if err := subs.Wait(); firstErr == nil {
 		firstErr = err
 	}
 	return any.Load(), firstErr
+}
+
+// addNotMade lists the files of directory rel not made yet, as selected
+// by the same rules as the files listed (ents); a name that is there
+// after all is the one listed. It reports whether it listed any.
+func (w *walker) addNotMade(rel string, notMade []format.TreeEntry, ents []os.DirEntry, domain []string, matcher gitignore.Matcher, ignored bool) bool {
+	found := false
+	there := make(map[string]bool, len(ents))
+	for _, de := range ents {
+		there[de.Name()] = true
+	}
+	for _, te := range notMade {
+		name := path.Base(te.Path)
+		p := name
+		if rel != "" {
+			p = rel + "/" + name
+		}
+		if there[name] || te.Type != format.TypeFile || p != te.Path {
+			continue
+		}
+		if w.sel.IsHidden(p) || format.MatchAny(w.sel.Exclude, p) {
+			continue
+		}
+		ign := !w.sel.NoGitignore && (ignored || matcher.Match(append(domain[:len(domain):len(domain)], name), false))
+		explicit := len(w.sel.Include) > 0 && format.MatchAny(w.sel.Include, p)
+		if !((len(w.sel.Include) == 0 && !ign) || explicit) {
+			continue
+		}
+		w.mu.Lock()
+		w.out = append(w.out, te)
+		w.virtual[p] = true
+		w.mu.Unlock()
+		found = true
+	}
+	return found
 }
 
 // statOf is fi's owner and, with ino, its backing inode number and ctime
