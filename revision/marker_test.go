@@ -147,3 +147,31 @@ func TestShortMarkersRefused(t *testing.T) {
 		})
 	}
 }
+
+// FuzzMarker reads arbitrary markers and tables back: never a panic, and
+// what is accepted is a key a fetch takes (validPendingKey).
+func FuzzMarker(f *testing.F) {
+	f.Add("@0:12", "0 revisions/abc.tar.gz\n")
+	f.Add("revisions/abc.tar.gz#1,2,3,4,a/b", "")
+	f.Add("@1:x", "1 ../other/revisions/x.tar.gz\n")
+	f.Add("@-1:0", "0 revisions/a/b.tar.gz\n")
+	f.Fuzz(func(t *testing.T, marker, table string) {
+		tb := newRevTable(t.TempDir())
+		ok := true
+		for _, line := range strings.Split(strings.TrimSuffix(table, "\n"), "\n") {
+			num, rev, cut := strings.Cut(line, " ")
+			n, err := strconv.Atoi(num)
+			if !cut || err != nil || n < 0 || !isArchiveKey(rev) {
+				ok = false
+				break
+			}
+			tb.byN[n], tb.byRev[rev] = rev, n
+		}
+		if !ok {
+			return
+		}
+		if key, ok := tb.key(marker); ok && !validPendingKey(key) {
+			t.Fatalf("marker %q read as %q, which no fetch takes", marker, key)
+		}
+	})
+}
