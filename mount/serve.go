@@ -102,6 +102,11 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 			srv.Abandon()
 		}
 	}()
+	// A placeholder marked as it is made holds the daemon's own reads
+	// too (the git indexes' refresh): they go through the events, which
+	// are answered from now on.
+	srv.ServePlaceholders()
+	d.ws.Placeholders().FillOnAccess()
 	d.ws.Placeholders().OnMade(srv.MarkPlaceholder)
 	if err := d.ws.Placeholders().PopulateAll(ctx); err != nil {
 		return nil, err
@@ -120,7 +125,6 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 		log.Info("git indexes refreshed after the restore", "indexes", gr.Indexes, "entries", gr.Refreshed, "left alone", gr.Left,
 			"racy", gr.Racy, "not saved", gr.NotSaved, "stale", gr.Stale, "unrestored", gr.Unrestored)
 	}
-	d.ws.Placeholders().FillOnAccess()
 	// A tree made here, not resumed, holds only placeholders made since
 	// OnMade: each is marked already.
 	if err := d.serveNatively(srv, d.workDir, d.fresh, live); err != nil {

@@ -92,6 +92,8 @@ type Server struct {
 	marked  atomic.Int64 // placeholders still marked
 	self    int32        // this process, whose own changes are not counted
 	keeper  *keeper
+	serving bool // ServePlaceholders ran
+	closed  sync.Once
 	// armed is set once Mark has marked every directory and read the
 	// count a save starts from: the first change seen then removes every
 	// mark (FAN_MARK_FLUSH), since one change after the mark makes the
@@ -160,7 +162,7 @@ func Mount(opts Options) (*Server, error) {
 		return nil, err
 	}
 	if err := s.Start(false); err != nil {
-		s.closeFDs()
+		s.Abandon()
 		return nil, err
 	}
 	return s, nil
@@ -207,8 +209,23 @@ func (s *Server) MarkPlaceholder(fd int) error {
 	return nil
 }
 
-// Abandon closes the groups of a server New made and Start never started.
-func (s *Server) Abandon() { s.closeFDs() }
+// ServePlaceholders answers pre-content events from now on, before Start:
+// the daemon's own reads of placeholders marked as they were made
+// (MarkPlaceholder) are filled, not held forever.
+func (s *Server) ServePlaceholders() {
+	if s.serving {
+		return
+	}
+	s.serving = true
+	if s.opts.Content != nil {
+		s.opts.Content.OnFilled(s.unmark)
+	}
+	s.wg.Add(1)
+	go s.serveHSM()
+}
+
+// Abandon ends a server New made and Start never started, or that failed.
+func (s *Server) Abandon() { s.Close() }
 
 // Start marks the tree's directories and, unless premarked (every
 // placeholder in the tree was made after New and marked then), its
@@ -222,9 +239,7 @@ func (s *Server) Start(premarked bool) error {
 			s.mnt.Unmount(true)
 		}
 	}()
-	if opts.Content != nil {
-		opts.Content.OnFilled(s.unmark)
-	}
+	s.ServePlaceholders()
 	start := time.Now()
 	dirs, files, err := s.markTree(opts.Content != nil && !premarked)
 	if err != nil {
@@ -249,8 +264,7 @@ func (s *Server) Start(premarked bool) error {
 		os.WriteFile(opts.KeeperPID, []byte(strconv.Itoa(s.keeper.cmd.Process.Pid)), 0o600)
 	}
 	ok = true
-	s.wg.Add(3)
-	go s.serveHSM()
+	s.wg.Add(2)
 	go s.serveNotify()
 	go s.watchMounts()
 	return nil
@@ -610,7 +624,9 @@ func (s *Server) shutdown() {
 // unless a lazy detach left placeholders that processes may still read:
 // then the keeper stays, answering their reads with EIO, until no process
 // holds a file of the mount open.
-func (s *Server) Close() {
+func (s *Server) Close() { s.closed.Do(s.close) }
+
+func (s *Server) close() {
 	s.cancel()
 	if s.stop[1] >= 0 {
 		unix.Close(s.stop[1])
