@@ -134,9 +134,11 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	}
 	// A kept file's stat data is what the tree shows now (through the
 	// view): the same as saved through FUSE, the disk's own natively.
+	// A file not made yet (virtual.go) shows what it was saved with.
 	shown := func(e format.ArchiveEntry) format.ArchiveEntry {
-		stp := plan.kept[e.Path]
-		showStat(&e.TreeEntry, job.src.view, stp.Ino, stp.Ctime.Nano())
+		if stp := plan.kept[e.Path]; stp.Ino != 0 {
+			showStat(&e.TreeEntry, job.src.view, stp.Ino, stp.Ctime.Nano())
+		}
 		return e
 	}
 	for _, r := range plan.runs {

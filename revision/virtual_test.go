@@ -30,6 +30,23 @@ func TestSaveListsPendingDirectories(t *testing.T) {
 		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
 			t.Fatal(err)
 		}
+		statOf := func(p string) format.EntryStat {
+			x, err := w.archiveIndex(ctx, w.Index().Revisions[0].Path)
+			if err != nil || x == nil {
+				t.Fatal(x, err)
+			}
+			for _, e := range x.Entries {
+				if e.Path == p {
+					return e.Stat
+				}
+			}
+			t.Fatalf("%s not in the index", p)
+			return format.EntryStat{}
+		}
+		saved := statOf("b/3")
+		if saved.Ino == 0 {
+			t.Fatal("the first save recorded no inode number")
+		}
 		made := func(dir string) int {
 			des, _ := os.ReadDir(filepath.Join(dst, dir))
 			n := 0
@@ -66,6 +83,9 @@ func TestSaveListsPendingDirectories(t *testing.T) {
 			}
 			if len(w.Index().Revisions) != 1 {
 				t.Fatalf("revisions kept: %d", len(w.Index().Revisions))
+			}
+			if got := statOf("b/3"); got != saved {
+				t.Errorf("save %d: b/3's saved stat data %+v, was %+v", i+1, got, saved)
 			}
 			buf := make([]byte, 4096)
 			n, err := unix.Lgetxattr(filepath.Join(dst, "b"), PendingDirXattr(), buf)
