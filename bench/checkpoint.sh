@@ -35,17 +35,25 @@ WORK=${BENCH_DIR:-/var/tmp/amlfs-checkpoint}
 [ -x /usr/bin/rclone ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone >/dev/null
 cleanup() {
   for m in "$WORK"/m*; do "$AM" unmount --no-save "$m" >/dev/null 2>&1 || true; done
-  umount "$WORK/fs" 2>/dev/null || true
+  umount_fs 2>/dev/null || true
   kill $VPID 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 sleep 1
 settle() { sync; sleep 1; }
+# umount_fs: unmount $WORK/fs once nothing uses it: an unmount without a
+# save leaves its tree to a remover process of its own, which may still be
+# deleting it there (up to 2 minutes).
+umount_fs() {
+  mountpoint -q "$WORK/fs" || return 0
+  for _ in $(seq 240); do umount "$WORK/fs" 2>/dev/null && return 0; sleep 0.5; done
+  umount "$WORK/fs"
+}
 # fresh_fs: a new, empty ext4 (an 8 GiB sparse image on a loop device) at
 # $WORK/fs, for the native lazy mount and its tar -x floor.
 fresh_fs() {
-  umount "$WORK/fs" 2>/dev/null || true
+  umount_fs
   rm -f "$WORK/fs.img"; truncate -s 8G "$WORK/fs.img"
   mkfs.ext4 -q -F "$WORK/fs.img"; mkdir -p "$WORK/fs"; mount -o loop "$WORK/fs.img" "$WORK/fs"
 }
@@ -167,7 +175,7 @@ PY
         shuf -n 2000 --random-source=<(yes) "$WORK/list" > "$WORK/read"
         step "read 2,000 files after the lazy mount" - sh -c "cd '$ml' && xargs cat < '$WORK/read' > /dev/null"
         "$AM" unmount --no-save "$ml" >/dev/null
-        [ "$serve" = native ] && umount "$WORK/fs"
+        [ "$serve" = native ] && umount_fs
         c=2; mf="$m-full"
         step "full restore, fresh cache dir" - "$AM" mount --daemon "$mf" "${SA[@]}" --id "$id" --serve "$serve" --restore full --no-lock --cache-dir "$WORK/c-$id-$c"
         FULL=$LAST

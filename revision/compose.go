@@ -101,8 +101,15 @@ func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry, vi
 		switch {
 		case all:
 			if n := len(p.runs); n > 0 && p.runs[n-1].Off+p.runs[n-1].Len == m.Off {
-				p.runs[n-1].Len += m.Len
-				p.runs[n-1].Entries = append(p.runs[n-1].Entries, m.Entries...)
+				r := &p.runs[n-1]
+				r.Len += m.Len
+				if end := m.At + len(m.Entries); r.At+len(r.Entries) == m.At {
+					// Next in the index too: the run is a longer slice
+					// of it, not a copy.
+					r.Entries = base.index.Entries[r.At:end:end]
+				} else {
+					r.Entries = append(r.Entries, m.Entries...)
+				}
 			} else {
 				p.runs = append(p.runs, m)
 			}
@@ -127,7 +134,7 @@ func planArchive(base *baseTree, key, dir string, entries []format.TreeEntry, vi
 // lazily restored ones fetched first; then the directories and the
 // symlinks (in the index only: AML's reader refuses them).
 func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, job archiveJob) (archiveOut, error) {
-	out := archiveOut{stamps: map[string]store.Stamp{}}
+	out := archiveOut{stamps: make(map[string]store.Stamp, len(job.entries))}
 	plan := job.plan
 	if plan == nil {
 		plan = &archivePlan{}
@@ -144,13 +151,17 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	for _, r := range plan.runs {
 		es := make([]format.ArchiveEntry, len(r.Entries))
 		for i, e := range r.Entries {
-			es[i] = shown(e)
+			stp := plan.kept[e.Path]
+			if stp.Ino != 0 { // a file not made yet shows what it was saved with
+				showStat(&e.TreeEntry, job.src.view, stp.Ino, stp.Ctime.Nano())
+			}
+			es[i] = e
+			out.stamps[e.Path] = stp
 		}
 		if err := aw.Reuse(plan.key, r.Off, r.Len, es); err != nil {
 			return out, err
 		}
 		for _, e := range r.Entries {
-			out.stamps[e.Path] = plan.kept[e.Path]
 			out.reused++
 			job.prog.bytes.Add(e.Size)
 			job.prog.fileDone()

@@ -139,17 +139,23 @@ func NewComposeWriter(w io.Writer, lim Limits) (*ComposeWriter, error) {
 type Member struct {
 	Off, Len int64
 	Entries  []ArchiveEntry
+	// At is where Entries start in the index's entries (Members).
+	At int
 }
 
-// Members groups the index's entries by member, in archive order.
+// Members groups the index's entries by member, in archive order. Each
+// member's Entries are the index's own, not a copy (with no room to grow
+// into the next member's).
 func (x *ArchiveIndex) Members() []Member {
 	var out []Member
-	for _, e := range x.Entries {
-		if n := len(out); n > 0 && out[n-1].Off == e.Member {
-			out[n-1].Entries = append(out[n-1].Entries, e)
+	start := 0
+	for i := range x.Entries {
+		if i+1 < len(x.Entries) && x.Entries[i+1].Member == x.Entries[i].Member {
 			continue
 		}
-		out = append(out, Member{Off: e.Member, Len: e.MemberLen, Entries: []ArchiveEntry{e}})
+		e := &x.Entries[start]
+		out = append(out, Member{Off: e.Member, Len: e.MemberLen, Entries: x.Entries[start : i+1 : i+1], At: start})
+		start = i + 1
 	}
 	return out
 }
