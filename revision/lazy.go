@@ -608,6 +608,11 @@ func (w *Workspace) fetchFrom(ctx context.Context, revPath string) bool {
 	if l == nil {
 		return true
 	}
+	// Directories not made yet from it (one no save looked into, such as
+	// one ignored since) are made first, then their files fetched too.
+	if !w.populateFrom(ctx, l, revPath) {
+		return false
+	}
 	type job struct {
 		ino uint64
 		pf  pendingFile
@@ -651,4 +656,39 @@ func (w *Workspace) fetchFrom(ctx context.Context, revPath string) bool {
 		}
 	}
 	return ok
+}
+
+// populateFrom makes the placeholders of every directory still to be
+// populated from the artifact at revPath. It reports whether all were.
+func (w *Workspace) populateFrom(ctx context.Context, l *lazyState, revPath string) bool {
+	d := l.dirs
+	if d == nil || d.n.Load() == 0 {
+		return true
+	}
+	want := map[uint64]bool{}
+	d.mu.Lock()
+	for ino, pd := range d.dirs {
+		if pd.rev == revPath {
+			want[ino] = true
+		}
+	}
+	d.mu.Unlock()
+	if len(want) == 0 {
+		return true
+	}
+	ok := true
+	filepath.WalkDir(l.dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || !de.IsDir() {
+			return nil
+		}
+		var st syscall.Stat_t
+		if syscall.Lstat(p, &st) == nil && want[st.Ino] {
+			delete(want, st.Ino)
+			if err := w.populate(ctx, l, st.Ino, p); err != nil {
+				ok = false
+			}
+		}
+		return nil
+	})
+	return ok && len(want) == 0
 }

@@ -545,9 +545,16 @@ func (w *Workspace) neededArtifacts() map[string]bool {
 		return out
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, pf := range l.pending {
 		out[artifactOf(pf.key)] = true
+	}
+	l.mu.Unlock()
+	if d := l.dirs; d != nil {
+		d.mu.Lock()
+		for _, pd := range d.dirs {
+			out[pd.rev] = true
+		}
+		d.mu.Unlock()
 	}
 	return out
 }

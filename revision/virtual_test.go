@@ -121,3 +121,38 @@ func TestSaveListsPendingDirectories(t *testing.T) {
 		}
 	})
 }
+
+// A directory not made yet that a save does not look into (ignored since
+// the restore) is made, and its files fetched, before the revision it
+// comes from is pruned: it is never stranded.
+func TestPruneMakesUnlistedPendingDirectories(t *testing.T) {
+	forStores(t, func(t *testing.T, sk string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"top.txt": "top", "b/3": "three", "b/deep/4": "four"})
+		w := openWS(t, base, "unlisted", Options{LazyRestore: true, Retention: 1, Format: format.FormatArchive})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.ensureDir(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dst, ".gitignore"), []byte("b/\n"), 0o644)
+		if _, err := w.Save(ctx, dst, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		w.prunes.Wait()
+		for p, want := range map[string]string{"b/3": "three", "b/deep/4": "four"} {
+			if err := w.ensure(ctx, p); err != nil {
+				t.Fatalf("%s after its revision was pruned: %v", p, err)
+			}
+			if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
+				t.Errorf("%s = %q, want %q", p, got, want)
+			}
+		}
+	})
+}
