@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -90,22 +89,48 @@ func newLazy(dir string) *lazyState {
 
 // addPlaceholder creates the placeholder for te named name in the
 // directory open as dirfd (at dir), whose bytes are at key (the idx-th
-// entry of its archive's index, or -1), and returns its stamp. The
-// placeholder appears complete, with its size, mode and marker (made as an
-// O_TMPFILE, then linked), so a crash never leaves a half-made one that
-// could pass for real content. If the name exists already and is this
-// placeholder (an interrupted population made it), it is taken as is;
-// anything else there is left alone. Raw syscalls, each on a descriptor:
-// an *os.File would register each descriptor with the runtime poller, and
-// a path walked again per call, which cost more than the placeholder.
+// entry of its archive's index, or -1), and returns its stamp.
+//
+// It is made in place, and marked first: created with no permissions,
+// then its marker, then its size, owner, mode and times. Nothing but
+// population makes an entry in a directory still to be populated (whose
+// marker stays until it is whole), so after a crash an entry there is
+// either a placeholder made whole, taken as it is; or one made in part
+// (with no permissions and no bytes, or with its marker but not yet all
+// of its stat data), which is made again; or not ours (fetched by a
+// prefetch, or made by a test), left alone. Never a file that could pass
+// for real content. Raw syscalls, each on a descriptor: an *os.File would
+// register each descriptor with the runtime poller, and a path walked
+// again per call, which cost more than the placeholder.
 // view, if not nil, is told of a placeholder made here.
 func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEntry, key string, idx int, view StatView, made func(fd int) error) (store.Stamp, error) {
 	dst := filepath.Join(dir, name)
-	fd, err := unix.Openat(dirfd, ".", unix.O_TMPFILE|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	// The marker is written, and the placeholder counted pending, with
+	// the table of archives held, so the number it names stays.
+	l.revs.mu.RLock()
+	defer l.revs.mu.RUnlock()
+	marker := l.revs.marker(key, idx, l.artifactsInUse)
+	var st unix.Statx_t
+	fd, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EEXIST) {
+		whole, ierr := l.interrupted(dirfd, dst, name, te, marker, &st)
+		switch {
+		case ierr != nil:
+			return store.Stamp{}, ierr
+		case whole:
+			return l.took(st, te, key, dirfd, name, made)
+		case st.Ino == 0:
+			return store.Stamp{}, nil // not ours: leave it
+		}
+		fd, err = unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return store.Stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
 	}
 	defer unix.Close(fd)
+	if err := unix.Fsetxattr(fd, PendingXattr(), marker, 0); err != nil {
+		return store.Stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
+	}
 	// The placeholder's blocks are allocated (unwritten extents, which
 	// read as zeros until filled, and cost no write): its st_blocks is
 	// what the file will take, so du counts a lazy tree right, and its
@@ -121,14 +146,6 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 			}
 		}
 	}
-	// The marker is written, and the placeholder counted pending, with
-	// the table of archives held, so the number it names stays.
-	l.revs.mu.RLock()
-	defer l.revs.mu.RUnlock()
-	marker := l.revs.marker(key, idx, l.artifactsInUse)
-	if err := unix.Fsetxattr(fd, PendingXattr(), marker, 0); err != nil {
-		return store.Stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
-	}
 	if err := chownSaved(fd, te); err != nil {
 		return store.Stamp{}, &os.PathError{Op: "chown", Path: dst, Err: err}
 	}
@@ -141,44 +158,71 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 			return store.Stamp{}, &os.PathError{Op: "utimensat", Path: dst, Err: err}
 		}
 	}
-	err = linkFd(fd, dirfd, name)
-	var st unix.Statx_t
-	switch {
-	case err == nil:
-		if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
-			return store.Stamp{}, err
-		}
-		if view != nil {
-			view.Restored(&st, te)
-		}
-		if made != nil {
-			if err := made(fd); err != nil {
-				return store.Stamp{}, err
-			}
-		}
-	case errors.Is(err, unix.EEXIST):
-		buf := make([]byte, 4096)
-		n, xerr := unix.Lgetxattr(dst, PendingXattr(), buf)
-		if xerr != nil || !bytes.Equal(buf[:n], marker) {
-			return store.Stamp{}, nil // not ours: leave it
-		}
-		if err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
-			return store.Stamp{}, err
-		}
-		if made != nil {
-			pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return store.Stamp{}, &os.PathError{Op: "open", Path: dst, Err: err}
-			}
-			err = made(pfd)
-			unix.Close(pfd)
-			if err != nil {
-				return store.Stamp{}, err
-			}
-		}
-	default:
-		return store.Stamp{}, &os.PathError{Op: "link", Path: dst, Err: err}
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
+		return store.Stamp{}, err
 	}
+	if view != nil {
+		view.Restored(&st, te)
+	}
+	if made != nil {
+		if err := made(fd); err != nil {
+			return store.Stamp{}, err
+		}
+	}
+	return l.counted(st, te, key), nil
+}
+
+// interrupted looks at the entry an interrupted population left at name
+// (see addPlaceholder): whole reports a placeholder made whole, with st
+// its stat data; otherwise an entry made in part was removed (st.Ino is
+// then set), or the entry is not ours (st.Ino 0).
+func (l *lazyState) interrupted(dirfd int, dst, name string, te format.TreeEntry, marker []byte, st *unix.Statx_t) (whole bool, err error) {
+	var cur unix.Statx_t
+	if err := unix.Statx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &cur); err != nil {
+		return false, &os.PathError{Op: "statx", Path: dst, Err: err}
+	}
+	if cur.Mode&unix.S_IFMT != unix.S_IFREG || cur.Nlink != 1 {
+		return false, nil
+	}
+	buf := make([]byte, 4096)
+	n, xerr := unix.Lgetxattr(dst, PendingXattr(), buf)
+	ours := xerr == nil && bytes.Equal(buf[:n], marker)
+	if xerr != nil && errors.Is(xerr, unix.ENODATA) && cur.Size == 0 && cur.Mode&0o7777 == 0 {
+		ours = true // created, not yet marked
+	}
+	if !ours {
+		return false, nil
+	}
+	mtimeOK := te.Mtime == 0 || tsOf(cur.Mtime) == syscall.NsecToTimespec(int64(te.Mtime))
+	if xerr == nil && int64(cur.Size) == te.Size && uint32(cur.Mode)&0o777 == te.Mode&0o777 && mtimeOK {
+		*st = cur
+		return true, nil
+	}
+	if err := unix.Unlinkat(dirfd, name, 0); err != nil {
+		return false, &os.PathError{Op: "unlink", Path: dst, Err: err}
+	}
+	st.Ino = cur.Ino
+	return false, nil
+}
+
+// took counts the placeholder an interrupted population made whole.
+func (l *lazyState) took(st unix.Statx_t, te format.TreeEntry, key string, dirfd int, name string, made func(fd int) error) (store.Stamp, error) {
+	if made != nil {
+		pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return store.Stamp{}, err
+		}
+		err = made(pfd)
+		unix.Close(pfd)
+		if err != nil {
+			return store.Stamp{}, err
+		}
+	}
+	return l.counted(st, te, key), nil
+}
+
+// counted records the placeholder st as pending and returns its stamp.
+func (l *lazyState) counted(st unix.Statx_t, te format.TreeEntry, key string) store.Stamp {
 	l.mu.Lock()
 	if old, ok := l.pending[st.Ino]; ok {
 		l.bytes -= old.size
@@ -186,7 +230,7 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path}
 	l.bytes += te.Size
 	l.mu.Unlock()
-	return store.Stamp{Ino: st.Ino, Size: st.Size, Mtime: tsOf(st.Mtime), Ctime: tsOf(st.Ctime)}, nil
+	return store.Stamp{Ino: st.Ino, Size: st.Size, Mtime: tsOf(st.Mtime), Ctime: tsOf(st.Ctime)}
 }
 
 // artifactsInUse lists the artifacts pending placeholders' bytes are in.
@@ -210,16 +254,6 @@ func futimens(fd int, ts unix.Timespec) error {
 	return nil
 }
 
-// linkFd links the O_TMPFILE open as fd as name in the directory open as
-// dirfd: by the descriptor itself where the kernel lets this process
-// (Linux 6.10, or CAP_DAC_READ_SEARCH), else through /proc.
-func linkFd(fd, dirfd int, name string) error {
-	err := unix.Linkat(fd, "", dirfd, name, unix.AT_EMPTY_PATH)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) {
-		err = unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), dirfd, name, unix.AT_SYMLINK_FOLLOW)
-	}
-	return err
-}
 
 // getMarker reads the marker name of p, or with legacy, if it has none,
 // the older marker old.

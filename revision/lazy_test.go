@@ -322,3 +322,71 @@ func TestRepointKeepsReuse(t *testing.T) {
 		}
 	})
 }
+
+// A population interrupted half way through a placeholder (created with
+// no permissions and no marker yet, or marked but without its size, mode
+// or times) makes it again on the next population; it never leaves a file
+// that passes for content, and never touches a file that is not its own.
+func TestInterruptedPlaceholdersRemade(t *testing.T) {
+	ctx := context.Background()
+	base, src := newBase(t, "mem"), t.TempDir()
+	files := map[string]string{"d/bare": "bare bytes", "d/marked": "marked bytes", "d/mine": "x", "d/whole": "whole"}
+	writeTree(t, src, files)
+	w := openWS(t, base, "interrupted", Options{LazyRestore: true, Format: format.FormatArchive})
+	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.ensureDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	n, err := unix.Lgetxattr(filepath.Join(dst, "d/marked"), PendingXattr(), buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := append([]byte(nil), buf[:n]...)
+	// As a crash would leave them: the directory still to populate; bare
+	// created and nothing more; marked with its marker but no size; mine
+	// an empty file of someone else's (mode 0644).
+	rev := w.Index().Revisions[0].Path
+	if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr(), []byte(rev+"\x00d"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"bare", "marked", "mine"} {
+		os.Remove(filepath.Join(dst, "d", p))
+	}
+	mk := func(p string, mode uint32) {
+		fd, err := unix.Open(filepath.Join(dst, "d", p), unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Fchmod(fd, mode)
+		unix.Close(fd)
+	}
+	mk("bare", 0)
+	mk("marked", 0)
+	mk("mine", 0o644)
+	if err := unix.Lsetxattr(filepath.Join(dst, "d/marked"), PendingXattr(), marker, 0); err != nil {
+		t.Fatal(err)
+	}
+	w2 := openWS(t, base, "interrupted", Options{NoLock: true})
+	if _, err := w2.resumePending(dst, format.Selection{}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.ensureDir(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+	files["d/mine"] = "" // not its own: left alone
+	for p, want := range files {
+		if err := w2.ensure(ctx, p); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if got, _ := os.ReadFile(filepath.Join(dst, p)); string(got) != want {
+			t.Errorf("%s = %q, want %q", p, got, want)
+		}
+	}
+}
