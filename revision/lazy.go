@@ -254,7 +254,6 @@ func futimens(fd int, ts unix.Timespec) error {
 	return nil
 }
 
-
 // getMarker reads the marker name of p, or with legacy, if it has none,
 // the older marker old.
 func getMarker(p, name, old string, legacy bool, buf []byte) (int, error) {
