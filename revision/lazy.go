@@ -91,12 +91,12 @@ func newLazy(dir string) *lazyState {
 // directory open as dirfd (at dir), whose bytes are at key (the idx-th
 // entry of its archive's index, or -1), and returns its stamp.
 //
-// It is made in place, and marked first: created with no permissions,
-// then its marker, then its size, owner, mode and times. Nothing but
+// It is made in place, and marked first: created for its owner alone
+// (madeMode), then its marker, then its size, owner, mode and times. Nothing but
 // population makes an entry in a directory still to be populated (whose
 // marker stays until it is whole), so after a crash an entry there is
 // either a placeholder made whole, taken as it is; or one made in part
-// (with no permissions and no bytes, or with its marker but not yet all
+// (madeMode and no bytes, or with its marker but not yet all
 // of its stat data), which is made again; or not ours (fetched by a
 // prefetch, or made by a test), left alone. Never a file that could pass
 // for real content. Raw syscalls, each on a descriptor: an *os.File would
@@ -111,7 +111,7 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 	defer l.revs.mu.RUnlock()
 	marker := l.revs.marker(key, idx, l.artifactsInUse)
 	var st unix.Statx_t
-	fd, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, madeMode)
 	if errors.Is(err, unix.EEXIST) {
 		whole, ierr := l.interrupted(dirfd, dst, name, te, marker, &st)
 		switch {
@@ -122,13 +122,21 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 		case st.Ino == 0:
 			return store.Stamp{}, nil // not ours: leave it
 		}
-		fd, err = unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err = unix.Openat(dirfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, madeMode)
 	}
 	if err != nil {
 		return store.Stamp{}, &os.PathError{Op: "create", Path: dst, Err: err}
 	}
 	defer unix.Close(fd)
-	if err := unix.Fsetxattr(fd, PendingXattr(), marker, 0); err != nil {
+	err = unix.Fsetxattr(fd, PendingXattr(), marker, 0)
+	if errors.Is(err, unix.EACCES) {
+		// A umask took the owner's write bit, which a user.* xattr
+		// needs (a daemon not root).
+		if err = unix.Fchmod(fd, madeMode); err == nil {
+			err = unix.Fsetxattr(fd, PendingXattr(), marker, 0)
+		}
+	}
+	if err != nil {
 		return store.Stamp{}, fmt.Errorf("mark placeholder %s: %w", te.Path, err)
 	}
 	// The placeholder's blocks are allocated (unwritten extents, which
@@ -172,6 +180,11 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 	return l.counted(st, te, key), nil
 }
 
+// madeMode is a placeholder's mode until it has its own: readable and
+// writable by its owner, as reading and writing a user.* xattr need (a
+// daemon not root).
+const madeMode = 0o600
+
 // interrupted looks at the entry an interrupted population left at name
 // (see addPlaceholder): whole reports a placeholder made whole, with st
 // its stat data; otherwise an entry made in part was removed (st.Ino is
@@ -187,7 +200,7 @@ func (l *lazyState) interrupted(dirfd int, dst, name string, te format.TreeEntry
 	buf := make([]byte, 4096)
 	n, xerr := unix.Lgetxattr(dst, PendingXattr(), buf)
 	ours := xerr == nil && bytes.Equal(buf[:n], marker)
-	if xerr != nil && errors.Is(xerr, unix.ENODATA) && cur.Size == 0 && cur.Mode&0o7777 == 0 {
+	if xerr != nil && errors.Is(xerr, unix.ENODATA) && cur.Size == 0 && cur.Mode&0o7777 == madeMode {
 		ours = true // created, not yet marked
 	}
 	if !ours {

@@ -324,7 +324,7 @@ func TestRepointKeepsReuse(t *testing.T) {
 }
 
 // A population interrupted half way through a placeholder (created with
-// no permissions and no marker yet, or marked but without its size, mode
+// mode 0600 and no marker yet, or marked but without its size, mode
 // or times) makes it again on the next population; it never leaves a file
 // that passes for content, and never touches a file that is not its own.
 func TestInterruptedPlaceholdersRemade(t *testing.T) {
@@ -350,7 +350,7 @@ func TestInterruptedPlaceholdersRemade(t *testing.T) {
 	}
 	marker := append([]byte(nil), buf[:n]...)
 	// As a crash would leave them: the directory still to populate; bare
-	// created and nothing more; marked with its marker but no size; mine
+	// created (madeMode) and nothing more; marked with its marker but no size; mine
 	// an empty file of someone else's (mode 0644).
 	rev := w.Index().Revisions[0].Path
 	if err := unix.Lsetxattr(filepath.Join(dst, "d"), PendingDirXattr(), []byte(rev+"\x00d"), 0); err != nil {
@@ -367,8 +367,8 @@ func TestInterruptedPlaceholdersRemade(t *testing.T) {
 		unix.Fchmod(fd, mode)
 		unix.Close(fd)
 	}
-	mk("bare", 0)
-	mk("marked", 0)
+	mk("bare", madeMode)
+	mk("marked", madeMode)
 	mk("mine", 0o644)
 	if err := unix.Lsetxattr(filepath.Join(dst, "d/marked"), PendingXattr(), marker, 0); err != nil {
 		t.Fatal(err)
