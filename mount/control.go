@@ -29,7 +29,7 @@ import (
 // SocketPath(mountpoint):
 //
 //	GET  /v1/status[?lease=check]       -> Status (lease=check asks the store whether the lease is held)
-//	POST /v1/commit   {"revision":ID, "fork":NEWID?}   -> SaveInfo
+//	POST /v1/commit   {"revision":ID, "fork":NEWID?, "include":[G], "exclude":[G], "gitignore":bool?, "retention":N?} -> SaveInfo
 //	POST /v1/unmount  {"noSave":bool,"revision":ID} -> StopResult (after the daemon has stopped)
 //	POST /v1/refresh  {"path":P}        -> {"refreshed":[prefixes]} (live mounts; "" for all)
 //	GET  /v1/tools                      -> [{name, description, inputSchema}]
@@ -106,6 +106,7 @@ func (d *Daemon) serveControl() (*control, error) {
 		var req struct {
 			Revision string `json:"revision"`
 			Fork     string `json:"fork"`
+			CommitOptions
 		}
 		if err := decodeBody(r, &req); err != nil {
 			writeErr(w, err)
@@ -114,8 +115,12 @@ func (d *Daemon) serveControl() (*control, error) {
 		// A client that gives up (killed, timed out) does not abort the
 		// save: it completes, and a retry with the same revision id
 		// finds it current.
-		commit := d.Commit
+		commit := func(ctx context.Context, rev string) (SaveInfo, error) { return d.CommitWith(ctx, rev, req.CommitOptions) }
 		if req.Fork != "" {
+			if req.CommitOptions.set() {
+				writeErr(w, amlerr.New(amlerr.InvalidConfig, req.Fork, "a fork's first revision is saved with the mount's selection and retention"))
+				return
+			}
 			commit = func(ctx context.Context, rev string) (SaveInfo, error) { return d.CommitFork(ctx, req.Fork, rev) }
 		}
 		info, err := commit(context.WithoutCancel(r.Context()), req.Revision)
@@ -415,11 +420,17 @@ func (c *Client) Commit(ctx context.Context, revision string) (SaveInfo, error) 
 // CommitTo checkpoints a revision; with fork set, as the first revision of
 // that new workspace.
 func (c *Client) CommitTo(ctx context.Context, revision, fork string) (SaveInfo, error) {
+	return c.CommitWith(ctx, revision, fork, CommitOptions{})
+}
+
+// CommitWith checkpoints as CommitTo does, with opts for this commit.
+func (c *Client) CommitWith(ctx context.Context, revision, fork string, opts CommitOptions) (SaveInfo, error) {
 	var info SaveInfo
-	body := map[string]any{"revision": revision}
-	if fork != "" {
-		body["fork"] = fork
-	}
+	body := struct {
+		Revision string `json:"revision"`
+		Fork     string `json:"fork,omitempty"`
+		CommitOptions
+	}{revision, fork, opts}
 	err := c.do(ctx, http.MethodPost, "/v1/commit", body, &info)
 	return info, err
 }

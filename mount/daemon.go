@@ -68,6 +68,7 @@ type Daemon struct {
 	mu       sync.Mutex // guards the fields below; never held across I/O, so status answers during a save
 	baseRev  string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
 	baseMark int64      // GUARDED_BY(mu): fs.Changes() when baseRev was taken; -1 forces a save
+	baseSel  string     // GUARDED_BY(mu): selectionKey of the selection baseRev holds (the mount's, unless a commit said otherwise)
 	// resumed, for a tree resumed from an earlier run and not saved since,
 	// is what its state file said of the index then; kept in the state
 	// file until a save succeeds (GUARDED_BY(mu)).
@@ -195,6 +196,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 	raiseFileLimit(log)
 	d := &Daemon{cfg: cfg, log: log, hooks: hooks, stopReqs: make(chan stopRequest, 4), startedAt: time.Now(), phase: "starting", saveMark: -1,
 		metrics: metrics.New()}
+	d.baseSel = selectionKey(d.cfg.Selection())
 	d.cfg.S3.Observe = d.metrics.S3Request
 	stopMetrics, err := d.serveMetrics()
 	if err != nil {

@@ -8,7 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/amlfs/amlfs/amlerr"
 	"github.com/amlfs/amlfs/revision"
+	"github.com/amlfs/amlfs/revision/format"
 	"github.com/google/uuid"
 )
 
@@ -21,7 +23,55 @@ func (d *Daemon) fetchTimeout() time.Duration {
 
 // Commit checkpoints the workspace without unmounting.
 func (d *Daemon) Commit(ctx context.Context, revID string) (SaveInfo, error) {
-	return d.frozen("commit", func() (SaveInfo, error) { return d.save(ctx, revID) })
+	return d.CommitWith(ctx, revID, CommitOptions{})
+}
+
+// CommitOptions change, for one commit, what the mount's flags say: the
+// selection (AML's per-save include, exclude and gitignore) and the
+// retention. The zero value changes nothing.
+type CommitOptions struct {
+	// Include and Exclude, if either is set, replace the mount's globs.
+	Include []string `json:"include"`
+	Exclude []string `json:"exclude"`
+	// Gitignore, if set, says whether .gitignore rules apply.
+	Gitignore *bool `json:"gitignore,omitempty"`
+	// Retention, if not 0, is how many revisions to keep, counting the
+	// new one.
+	Retention int `json:"retention,omitempty"`
+}
+
+// set reports whether o changes anything.
+func (o CommitOptions) set() bool {
+	return o.Include != nil || o.Exclude != nil || o.Gitignore != nil || o.Retention != 0
+}
+
+// selection is the selection of a commit with o over the mount's sel.
+func (o CommitOptions) selection(sel format.Selection) (format.Selection, error) {
+	if o.Include != nil || o.Exclude != nil {
+		sel.Include, sel.Exclude = o.Include, o.Exclude
+	}
+	if o.Gitignore != nil {
+		sel.NoGitignore = !*o.Gitignore
+	}
+	if o.Retention < 0 {
+		return sel, amlerr.New(amlerr.InvalidConfig, "", "retention must be at least 1, not %d", o.Retention)
+	}
+	return sel, sel.Validate()
+}
+
+// selectionKey tells selections apart: a tree unchanged since a save made
+// with another selection is saved again.
+func selectionKey(sel format.Selection) string {
+	return fmt.Sprintf("%q %q %v", sel.Include, sel.Exclude, sel.NoGitignore)
+}
+
+// CommitWith checkpoints as Commit does, with opts.
+func (d *Daemon) CommitWith(ctx context.Context, revID string, opts CommitOptions) (SaveInfo, error) {
+	sel, err := opts.selection(d.cfg.Selection())
+	if err != nil {
+		return SaveInfo{}, err
+	}
+	return d.frozen("commit", func() (SaveInfo, error) { return d.saveWith(ctx, revID, sel, opts.Retention) })
 }
 
 // CommitFork publishes the tree as the first revision of the new
@@ -126,6 +176,11 @@ func (d *Daemon) saveWatch() func() func() bool {
 // save publishes the working tree unless it is unchanged since it was
 // restored or last saved and that revision is still current.
 func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
+	return d.saveWith(ctx, revID, d.cfg.Selection(), 0)
+}
+
+// saveWith saves per sel, keeping retention revisions (0: the mount's).
+func (d *Daemon) saveWith(ctx context.Context, revID string, sel format.Selection, retention int) (SaveInfo, error) {
 	d.saveMu.Lock()
 	defer d.saveMu.Unlock()
 	d.mu.Lock()
@@ -139,6 +194,9 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	defer func() { d.saveMark = -1 }()
 	d.mu.Lock()
 	baseRev, baseMark := d.baseRev, d.baseMark
+	if selectionKey(sel) != d.baseSel {
+		baseMark = -1 // the base was saved with another selection
+	}
 	d.mu.Unlock()
 	skip := func(rev string) (SaveInfo, error) {
 		d.metrics.Save("unchanged", 0, 0, 0)
@@ -182,7 +240,13 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	if err := d.writeState(); err != nil {
 		return SaveInfo{}, err
 	}
-	res, err := d.ws.Save(ctx, d.workDir, d.cfg.Selection(), revID)
+	var res revision.SaveResult
+	var err error
+	if retention == 0 {
+		res, err = d.ws.Save(ctx, d.workDir, sel, revID)
+	} else {
+		res, err = d.ws.SaveRetaining(ctx, d.workDir, sel, revID, retention)
+	}
 	mark = d.readMark // natively, the last reading's
 	d.mu.Lock()
 	d.publishing = ""
@@ -194,7 +258,7 @@ func (d *Daemon) save(ctx context.Context, revID string) (SaveInfo, error) {
 	d.metrics.Save("published", res.Elapsed, res.UploadedBytes, res.Bytes-res.UploadedBytes)
 	info := saveInfo(res)
 	d.mu.Lock()
-	d.baseRev, d.baseMark = res.Entry.ID, mark
+	d.baseRev, d.baseMark, d.baseSel = res.Entry.ID, mark, selectionKey(sel)
 	d.lastSave = &info
 	d.resumed = nil
 	d.mu.Unlock()

@@ -109,5 +109,5 @@ func (w *Workspace) SaveFork(ctx context.Context, dir string, sel format.Selecti
 		origin = f // w is a fork not saved yet: the origin is its source's
 	}
 	nw.setFork(origin)
-	return nw.save(ctx, dir, sel, revID, w)
+	return nw.save(ctx, dir, sel, revID, w, nw.opts.Retention)
 }

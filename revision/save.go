@@ -55,14 +55,23 @@ const SaveAttempts = 3
 // the upload is removed and the previous revision stays current. revID may
 // be "" for a fresh UUID.
 func (w *Workspace) Save(ctx context.Context, dir string, sel format.Selection, revID string) (SaveResult, error) {
-	return w.save(ctx, dir, sel, revID, w)
+	return w.save(ctx, dir, sel, revID, w, w.opts.Retention)
+}
+
+// SaveRetaining is Save keeping retention revisions, counting the new
+// one, instead of Options.Retention, for this save only.
+func (w *Workspace) SaveRetaining(ctx context.Context, dir string, sel format.Selection, revID string, retention int) (SaveResult, error) {
+	if retention < 1 {
+		return SaveResult{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "retention must be at least 1, not %d", retention)
+	}
+	return w.save(ctx, dir, sel, revID, w, retention)
 }
 
 // save publishes the tree at dir, which is src's working tree: w's own, or
 // for a fork (commit --fork) the tree of the mounted workspace src. It
 // reuses src's base revision's objects and fetches through src's lazy
 // restore; only for w's own tree does the tree become w's new base.
-func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (SaveResult, error) {
+func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace, retention int) (SaveResult, error) {
 	if src != w {
 		src.mu.Lock()
 		defer src.mu.Unlock()
@@ -152,7 +161,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		}
 	}
 	// 4. Publish.
-	next, pruned := w.index.WithNew(entry, w.opts.Retention)
+	next, pruned := w.index.WithNew(entry, retention)
 	data, err := next.Marshal()
 	if err == nil && w.lease != nil {
 		err = w.lease.Lost()

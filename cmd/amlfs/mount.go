@@ -310,13 +310,36 @@ func commitCommand() *cli.Command {
 		Usage:     "checkpoint the workspace as a revision now, without unmounting; prints its id",
 		ArgsUsage: "MOUNTPOINT",
 		Flags: []cli.Flag{&cli.StringFlag{Name: "revision", Usage: "caller-chosen revision id"},
-			&cli.StringFlag{Name: "fork", Usage: "publish the tree as the first revision of the new workspace NEWID on the same store instead, leaving the mounted one as it is"}},
+			&cli.StringFlag{Name: "fork", Usage: "publish the tree as the first revision of the new workspace NEWID on the same store instead, leaving the mounted one as it is"},
+			&cli.StringSliceFlag{Name: "include", Usage: "for this commit, glob of paths to save, instead of the mount's (repeatable)"},
+			&cli.StringSliceFlag{Name: "exclude", Usage: "for this commit, glob of paths never saved, instead of the mount's (repeatable; wins over include)"},
+			&cli.BoolFlag{Name: "gitignore", Usage: "for this commit, whether .gitignore rules apply (--gitignore=false saves what they ignore)"},
+			&cli.IntFlag{Name: "retention", Usage: "for this commit, revisions kept, counting the new one, instead of the mount's"}},
 		Action: func(c *cli.Context) error {
 			mp, cl, err := daemonClient(c)
 			if err != nil {
 				return err
 			}
-			info, err := cl.CommitTo(c.Context, c.String("revision"), c.String("fork"))
+			var opts mount.CommitOptions
+			if c.IsSet("include") || c.IsSet("exclude") {
+				opts.Include, opts.Exclude = c.StringSlice("include"), c.StringSlice("exclude")
+				if opts.Include == nil {
+					opts.Include = []string{}
+				}
+				if opts.Exclude == nil {
+					opts.Exclude = []string{}
+				}
+			}
+			if c.IsSet("gitignore") {
+				g := c.Bool("gitignore")
+				opts.Gitignore = &g
+			}
+			if c.IsSet("retention") {
+				if opts.Retention = c.Int("retention"); opts.Retention < 1 {
+					return amlerr.New(amlerr.InvalidConfig, "--retention", "must be at least 1")
+				}
+			}
+			info, err := cl.CommitWith(c.Context, c.String("revision"), c.String("fork"), opts)
 			if err != nil {
 				return notRunning(mp, err)
 			}
