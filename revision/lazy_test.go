@@ -293,16 +293,8 @@ func TestLazyPopulationIsIdempotent(t *testing.T) {
 func TestRepointKeepsReuse(t *testing.T) {
 	forStoresFormats(t, func(t *testing.T, sk, form string) {
 		ctx := context.Background()
-		base, src := newBase(t, sk), t.TempDir()
-		writeTree(t, src, map[string]string{"a/1": "one", "a/2": "two", "b/3": "three", "b/4": "four", "c": "c"})
-		w := openWS(t, base, "repoint", Options{LazyRestore: true, Retention: 5, Format: form})
-		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-			t.Fatal(err)
-		}
+		w, dst := lazyTree(t, newBase(t, sk), "repoint", map[string]string{"a/1": "one", "a/2": "two", "b/3": "three", "b/4": "four", "c": "c"},
+			Options{Retention: 5, Format: form})
 		for i, change := range []string{"c", "a/1"} {
 			if err := w.ensure(ctx, change); err != nil {
 				t.Fatal(err)
@@ -329,17 +321,9 @@ func TestRepointKeepsReuse(t *testing.T) {
 // that passes for content, and never touches a file that is not its own.
 func TestInterruptedPlaceholdersRemade(t *testing.T) {
 	ctx := context.Background()
-	base, src := newBase(t, "mem"), t.TempDir()
+	base := newBase(t, "mem")
 	files := map[string]string{"d/bare": "bare bytes", "d/marked": "marked bytes", "d/mine": "x", "d/whole": "whole"}
-	writeTree(t, src, files)
-	w := openWS(t, base, "interrupted", Options{LazyRestore: true, Format: format.FormatArchive})
-	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "w")
-	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-		t.Fatal(err)
-	}
+	w, dst := lazyTree(t, base, "interrupted", files, Options{Format: format.FormatArchive})
 	if err := w.ensureDir(ctx, "d"); err != nil {
 		t.Fatal(err)
 	}

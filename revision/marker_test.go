@@ -21,18 +21,10 @@ import (
 func TestShortMarkers(t *testing.T) {
 	forStores(t, func(t *testing.T, sk string) {
 		ctx := context.Background()
-		base, src := newBase(t, sk), t.TempDir()
+		base := newBase(t, sk)
 		long := strings.Repeat("node_modules/some-package/", 6) + "lib/index.js"
 		files := map[string]string{long: "long path bytes", "a/b.txt": "bee", "c.txt": "sea"}
-		writeTree(t, src, files)
-		w := openWS(t, base, "short", Options{LazyRestore: true, Retention: 1, Format: format.FormatArchive})
-		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-			t.Fatal(err)
-		}
+		w, dst := lazyTree(t, base, "short", files, Options{Retention: 1, Format: format.FormatArchive})
 		if err := w.populateAll(ctx); err != nil {
 			t.Fatal(err)
 		}

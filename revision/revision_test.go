@@ -429,3 +429,23 @@ func tarGz(t testing.TB, hdrs []*tar.Header, body func(*tar.Header) []byte) []by
 	gz.Close()
 	return buf.Bytes()
 }
+
+// lazyTree saves files (path -> content) as the first revision of a
+// workspace id opened with opts (LazyRestore set) and restores it lazily
+// into a new directory: the workspace and the directory.
+func lazyTree(t *testing.T, base testBase, id string, files map[string]string, opts Options) (*Workspace, string) {
+	t.Helper()
+	ctx := context.Background()
+	src := t.TempDir()
+	writeTree(t, src, files)
+	opts.LazyRestore = true
+	w := openWS(t, base, id, opts)
+	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	return w, dst
+}

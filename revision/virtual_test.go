@@ -19,17 +19,9 @@ import (
 func TestSaveListsPendingDirectories(t *testing.T) {
 	forStores(t, func(t *testing.T, sk string) {
 		ctx := context.Background()
-		base, src := newBase(t, sk), t.TempDir()
+		base := newBase(t, sk)
 		files := map[string]string{"a/1": "one", "a/2": "two", "b/3": "three", "b/4": "four", "b/deep/5": "five", "c/.gitignore": "*.log\n", "c/keep.txt": "kept"}
-		writeTree(t, src, files)
-		w := openWS(t, base, "virt", Options{LazyRestore: true, Retention: 1, Format: format.FormatArchive})
-		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-			t.Fatal(err)
-		}
+		w, dst := lazyTree(t, base, "virt", files, Options{Retention: 1, Format: format.FormatArchive})
 		statOf := func(p string) format.EntryStat {
 			x, err := w.archiveIndex(ctx, w.Index().Revisions[0].Path)
 			if err != nil || x == nil {
@@ -128,16 +120,8 @@ func TestSaveListsPendingDirectories(t *testing.T) {
 func TestPruneMakesUnlistedPendingDirectories(t *testing.T) {
 	forStores(t, func(t *testing.T, sk string) {
 		ctx := context.Background()
-		base, src := newBase(t, sk), t.TempDir()
-		writeTree(t, src, map[string]string{"top.txt": "top", "b/3": "three", "b/deep/4": "four"})
-		w := openWS(t, base, "unlisted", Options{LazyRestore: true, Retention: 1, Format: format.FormatArchive})
-		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-			t.Fatal(err)
-		}
+		w, dst := lazyTree(t, newBase(t, sk), "unlisted", map[string]string{"top.txt": "top", "b/3": "three", "b/deep/4": "four"},
+			Options{Retention: 1, Format: format.FormatArchive})
 		if err := w.ensureDir(ctx, ""); err != nil {
 			t.Fatal(err)
 		}
