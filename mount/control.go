@@ -115,7 +115,9 @@ func (d *Daemon) serveControl() (*control, error) {
 		// A client that gives up (killed, timed out) does not abort the
 		// save: it completes, and a retry with the same revision id
 		// finds it current.
-		commit := func(ctx context.Context, rev string) (SaveInfo, error) { return d.CommitWith(ctx, rev, req.CommitOptions) }
+		commit := func(ctx context.Context, rev string) (SaveInfo, error) {
+			return d.CommitWith(ctx, rev, req.CommitOptions)
+		}
 		if req.Fork != "" {
 			if req.CommitOptions.set() {
 				writeErr(w, amlerr.New(amlerr.InvalidConfig, req.Fork, "a fork's first revision is saved with the mount's selection and retention"))
