@@ -286,6 +286,7 @@ type s3Stager struct {
 	written []string // GUARDED_BY(mu): object keys written, for Abort
 	pending []byte   // the manifest, written at Commit
 	landed  func(string, int64)
+	failed  bool // a request of the stage failed: the group cancelled the others
 }
 
 func (st *s3Stager) OnWritten(fn func(string, int64)) { st.landed = fn }
@@ -427,6 +428,9 @@ func (st *s3Stager) putStable(name, key string, f *os.File) (store.Stamp, error)
 
 func (st *s3Stager) Flush(ctx context.Context) error {
 	err := st.g.Wait()
+	if err != nil {
+		st.failed = true
+	}
 	// The group is spent once waited on; later puts go to a new one.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(1, st.s.Parallel))
@@ -538,6 +542,7 @@ func (st *s3Stager) Reuse(ctx context.Context, name, fromKey string, local *os.F
 
 func (st *s3Stager) Commit(ctx context.Context) error {
 	if err := st.g.Wait(); err != nil {
+		st.failed = true
 		return err
 	}
 	if st.folder {
@@ -550,11 +555,53 @@ func (st *s3Stager) Commit(ctx context.Context) error {
 }
 
 func (st *s3Stager) Abort(ctx context.Context) error {
-	st.g.Wait()
-	var errs []error
+	failed := st.g.Wait() != nil || st.failed
+	// When a request failed, the group cancelled the others; a cancelled
+	// request may still land on the server after its answer was given up
+	// (its copy or upload completes there): the objects are removed again
+	// after a pause, and again.
+	var err error
+	for i, pause := range abortPasses {
+		if i > 0 && !failed {
+			break
+		}
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		}
+		err = st.removeStaged(ctx, i > 0)
+	}
+	return err
+}
+
+// abortPasses are the pauses before each removal of an aborted stage's
+// objects.
+var abortPasses = [...]time.Duration{0, 250 * time.Millisecond, time.Second}
+
+// removeStaged removes the objects the stage noted: all of them, or
+// again (after a pause), those of them a listing finds under a folder's
+// prefix, which then costs a listing, not a request per object.
+func (st *s3Stager) removeStaged(ctx context.Context, again bool) error {
 	st.mu.Lock()
 	written := slices.Clone(st.written)
 	st.mu.Unlock()
+	if again && st.folder {
+		ours := make(map[string]bool, len(written))
+		for _, k := range written {
+			ours[k] = true
+		}
+		written = written[:0]
+		if err := st.s.list(ctx, st.s.key(st.key), "", func(key string, _ bool) error {
+			if ours[key] {
+				written = append(written, key)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	var errs []error
 	for _, k := range written {
 		if _, err := st.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.s.Bucket, Key: aws.String(k)}); err != nil && !s3client.IsNotFound(err) {
 			errs = append(errs, err)
