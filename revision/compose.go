@@ -142,20 +142,19 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	// A kept file's stat data is what the tree shows now (through the
 	// view): the same as saved through FUSE, the disk's own natively.
 	// A file not made yet (virtual.go) shows what it was saved with.
-	shown := func(e format.ArchiveEntry) format.ArchiveEntry {
-		if stp := plan.kept[e.Path]; stp.Ino != 0 {
+	// It returns the entry to write, and the kept stamp.
+	shown := func(e format.ArchiveEntry) (format.ArchiveEntry, store.Stamp) {
+		stp := plan.kept[e.Path]
+		if stp.Ino != 0 {
 			showStat(&e.TreeEntry, job.src.view, stp.Ino, stp.Ctime.Nano())
 		}
-		return e
+		return e, stp
 	}
 	for _, r := range plan.runs {
 		es := make([]format.ArchiveEntry, len(r.Entries))
 		for i, e := range r.Entries {
-			stp := plan.kept[e.Path]
-			if stp.Ino != 0 { // a file not made yet shows what it was saved with
-				showStat(&e.TreeEntry, job.src.view, stp.Ino, stp.Ctime.Nano())
-			}
-			es[i] = e
+			var stp store.Stamp
+			es[i], stp = shown(e)
 			out.stamps[e.Path] = stp
 		}
 		if err := aw.Reuse(plan.key, r.Off, r.Len, es); err != nil {
@@ -173,11 +172,12 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 			return out, err
 		}
 		err = format.MemberEntries(rc, m.Entries, func(e format.ArchiveEntry, r io.Reader) error {
-			out.stamps[e.Path] = plan.kept[e.Path]
+			e, stp := shown(e)
+			out.stamps[e.Path] = stp
 			out.reused++
 			job.prog.bytes.Add(e.Size)
 			job.prog.fileDone()
-			return aw.File(shown(e).TreeEntry, r)
+			return aw.File(e.TreeEntry, r)
 		})
 		rc.Close()
 		if err != nil {

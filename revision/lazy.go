@@ -722,19 +722,12 @@ func (w *Workspace) populateFrom(ctx context.Context, l *lazyState, revPath stri
 	if len(want) == 0 {
 		return true
 	}
-	ok := true
-	filepath.WalkDir(l.dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil || !de.IsDir() {
-			return nil
+	found := findDirs(l.dir, want)
+	ok := len(found) == len(want)
+	for ino, p := range found {
+		if err := w.populate(ctx, l, ino, p); err != nil {
+			ok = false
 		}
-		var st syscall.Stat_t
-		if syscall.Lstat(p, &st) == nil && want[st.Ino] {
-			delete(want, st.Ino)
-			if err := w.populate(ctx, l, st.Ino, p); err != nil {
-				ok = false
-			}
-		}
-		return nil
-	})
-	return ok && len(want) == 0
+	}
+	return ok
 }

@@ -548,16 +548,11 @@ func (w *Workspace) prune(ctx context.Context, pruned []format.Entry) {
 // neededArtifacts are the artifacts lazily restored files still take
 // their bytes from: a prune that could not fetch them all left them.
 func (w *Workspace) neededArtifacts() map[string]bool {
-	out := map[string]bool{}
 	l := w.lazyState()
 	if l == nil {
-		return out
+		return map[string]bool{}
 	}
-	l.mu.Lock()
-	for _, pf := range l.pending {
-		out[artifactOf(pf.key)] = true
-	}
-	l.mu.Unlock()
+	out := l.artifactsInUse()
 	if d := l.dirs; d != nil {
 		d.mu.Lock()
 		for _, pd := range d.dirs {

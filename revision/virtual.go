@@ -128,30 +128,18 @@ func (w *Workspace) repointDirs(ctx context.Context, dirs map[uint64]string, rev
 	// Where each directory is now: where the save listed it, unless an
 	// ancestor moved since (which does not populate it).
 	at := make(map[uint64]string, len(dirs))
-	var moved []uint64
+	moved := map[uint64]bool{}
 	for ino, rel := range dirs {
 		p := filepath.Join(l.dir, filepath.FromSlash(rel))
 		var st syscall.Stat_t
 		if syscall.Lstat(p, &st) == nil && st.Ino == ino {
 			at[ino] = p
 		} else {
-			moved = append(moved, ino)
+			moved[ino] = true
 		}
 	}
-	if len(moved) > 0 {
-		want := map[uint64]bool{}
-		for _, ino := range moved {
-			want[ino] = true
-		}
-		filepath.WalkDir(l.dir, func(p string, de fs.DirEntry, err error) error {
-			if err == nil && de.IsDir() {
-				var st syscall.Stat_t
-				if syscall.Lstat(p, &st) == nil && want[st.Ino] {
-					at[st.Ino] = p
-				}
-			}
-			return nil
-		})
+	for ino, p := range findDirs(l.dir, moved) {
+		at[ino] = p
 	}
 	d := l.dirs
 	d.mu.Lock()
@@ -215,4 +203,23 @@ func sameFiles(a, b []format.TreeEntry) bool {
 		}
 	}
 	return true
+}
+
+// findDirs finds the directories below root whose inodes want names, by
+// walking the tree (they may have moved): inode -> path.
+func findDirs(root string, want map[uint64]bool) map[uint64]string {
+	out := map[uint64]string{}
+	if len(want) == 0 {
+		return out
+	}
+	filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
+		if err == nil && de.IsDir() {
+			var st syscall.Stat_t
+			if syscall.Lstat(p, &st) == nil && want[st.Ino] {
+				out[st.Ino] = p
+			}
+		}
+		return nil
+	})
+	return out
 }
