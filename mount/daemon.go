@@ -300,7 +300,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	ws, err := revision.Open(ctx, st, revision.Options{ID: cfg.ID, View: view, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
 		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog,
-		Watch: d.saveWatch(), FetchTimeout: cfg.FetchTimeout})
+		Watch: d.saveWatch(), Freeze: d.saveFreeze(), StageDir: filepath.Dir(slot.Name()), FetchTimeout: cfg.FetchTimeout})
 	if err != nil {
 		return err
 	}

@@ -114,11 +114,13 @@ func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, err
 	if d.ws == nil {
 		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to %s", what)
 	}
-	// The writers' cgroup first: a process it holds must not be waiting
-	// on a FUSE call the barrier holds back.
-	defer d.freezeWriters()()
-	thaw := d.fs.Freeze()
-	defer thaw()
+	// With the writers' cgroup known, the save holds them itself, only
+	// while it reads what changed (saveFreeze). Without, through FUSE,
+	// every mutating call waits until the save is done.
+	if d.freezer == nil {
+		thaw := d.fs.Freeze()
+		defer thaw()
+	}
 	d.setPhase("committing")
 	defer func() {
 		d.mu.Lock()
@@ -330,19 +332,33 @@ func (s *SaveInfo) Note() string {
 		s.Revision, s.SpecialFilesSkipped, plural, strings.Join(s.SpecialFiles, ", "), more)
 }
 
-// freezeWriters freezes the writers' cgroup, if one is known, and returns
-// what thaws it. A cgroup that does not freeze in time is thawed, and the
-// save reads the tree as it changes, as without one; so is one the save
-// would hold longer than maxFreeze.
-func (d *Daemon) freezeWriters() func() {
+// saveFreeze is the workspace's Options.Freeze when the writers' cgroup
+// is known (--freeze-cgroup, amlfs exec): it freezes the cgroup, and
+// through FUSE holds every other mutating call back, until thawed.
+func (d *Daemon) saveFreeze() func(context.Context) (func(uint64) bool, func(), error) {
 	if d.freezer == nil {
-		return func() {}
+		return nil
 	}
+	return func(ctx context.Context) (func(uint64) bool, func(), error) {
+		thaw, err := d.freezeWriters(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		thawFS := d.fs.Freeze()
+		var once sync.Once
+		return nil, func() { once.Do(func() { thawFS(); thaw() }) }, nil
+	}
+}
+
+// freezeWriters freezes the writers' cgroup and returns what thaws it
+// (at most once). A cgroup that does not freeze in time is thawed, and
+// the save reads the tree as it changes, as without one; so is one the
+// save would hold longer than maxFreeze.
+func (d *Daemon) freezeWriters(ctx context.Context) (func(), error) {
 	start := time.Now()
-	thawCgroup, err := d.freezer.Freeze(context.Background())
+	thawCgroup, err := d.freezer.Freeze(ctx)
 	if err != nil {
-		d.log.Warn("could not freeze the writers; the checkpoint reads the tree as it changes", "op", "freeze", "err", err)
-		return func() {}
+		return nil, err
 	}
 	var once sync.Once
 	thaw := func() {
@@ -359,7 +375,7 @@ func (d *Daemon) freezeWriters() func() {
 	return func() {
 		limit.Stop()
 		thaw()
-	}
+	}, nil
 }
 
 // maxFreeze bounds how long a checkpoint holds the writers frozen.

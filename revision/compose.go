@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/amlfs/amlfs/revision/format"
 	"github.com/amlfs/amlfs/revision/store"
@@ -31,6 +32,9 @@ type archiveJob struct {
 	// bytes of a file that changed during every reading come from it.
 	base *baseTree
 	prog *progress // counts the files as they go into the archive
+	// staged, if not nil, holds the copies of the files to read, taken
+	// while the writers were held.
+	staged *staging
 }
 
 // archivePlan is what a save reuses of its base archive.
@@ -201,10 +205,21 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		if err := job.src.ensure(ctx, te.Path); err != nil {
-			return out, err
+		f, stp, gone, done, err := readStaged(ctx, job, t, &sp, te.Path)
+		if err == nil && !gone {
+			err = writeRead(aw, job, te, f, stp)
+			done()
+			if err != nil {
+				return out, err
+			}
+			out.stamps[te.Path] = stp
+			out.uploaded++
+			out.upBytes += int64(stp.Size)
+			job.prog.bytes.Add(int64(stp.Size))
+			job.prog.fileDone()
+			continue
 		}
-		f, gone, err := sp.read(t, te.Path)
+		done()
 		if errors.Is(err, store.ErrUnsettled) {
 			had, err := w.writeEarlier(ctx, aw, job, te)
 			if err != nil {
@@ -221,22 +236,7 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 		if err != nil {
 			return out, err
 		}
-		if gone {
-			continue // removed or replaced since the snapshot
-		}
-		fromStamp(&te, sp.st)
-		showStat(&te, job.src.view, sp.st.Ino, sp.st.Ctime.Nano())
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return out, err
-		}
-		if err := aw.File(te, f); err != nil {
-			return out, err
-		}
-		out.stamps[te.Path] = sp.st
-		out.uploaded++
-		out.upBytes += te.Size
-		job.prog.bytes.Add(te.Size)
-		job.prog.fileDone()
+		// Gone: removed or replaced since the snapshot.
 	}
 	for _, te := range job.entries {
 		var err error
@@ -256,6 +256,40 @@ func (w *Workspace) writeArchive(ctx context.Context, aw *format.ComposeWriter, 
 	}
 	out.entries = out.index.Tree()
 	return out, nil
+}
+
+// writeRead writes te into the archive with the bytes f holds, which
+// stp describes.
+func writeRead(aw *format.ComposeWriter, job archiveJob, te format.TreeEntry, f *os.File, stp store.Stamp) error {
+	fromStamp(&te, stp)
+	showStat(&te, job.src.view, stp.Ino, stp.Ctime.Nano())
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return aw.File(te, f)
+}
+
+// readStaged opens the bytes of the file rel to write into the archive,
+// and returns their stamp: its copy, if the hold staged it, else read
+// from the tree at one instant into sp (a placeholder fetched first).
+// A staged copy is closed by done; the spool is the caller's.
+func readStaged(ctx context.Context, job archiveJob, t *tree, sp *spool, rel string) (f *os.File, stp store.Stamp, gone bool, done func(), err error) {
+	done = func() {}
+	f, stp, ok, err := job.staged.open(rel)
+	if ok || err != nil {
+		if f != nil {
+			done = func() { f.Close() }
+		}
+		return f, stp, false, done, err
+	}
+	if job.staged.isGone(rel) {
+		return nil, stp, true, done, nil
+	}
+	if err := job.src.ensure(ctx, rel); err != nil {
+		return nil, stp, false, done, err
+	}
+	f, gone, err = sp.read(t, rel)
+	return f, sp.st, gone, done, err
 }
 
 // writeEarlier writes te, whose working-tree file changed during every
@@ -284,7 +318,7 @@ func (w *Workspace) writeEarlier(ctx context.Context, aw *format.ComposeWriter, 
 // archive when there is one (a fork's source's, for a fork), else whole.
 // A composition whose base is gone (another writer pruned it), or that
 // would need too many parts, is written whole instead.
-func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, virtual map[string]bool, prog *progress, src *Workspace) (uploadStats, error) {
+func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, virtual map[string]bool, prog *progress, src *Workspace, staged *staging) (uploadStats, error) {
 	base, baseKey := w.reusableBase(src)
 	var key string
 	if base != nil {
@@ -294,7 +328,7 @@ func (w *Workspace) uploadArchive(ctx context.Context, dir string, entry format.
 	if err != nil {
 		w.log.Info("writing the archive whole", "op", "save", "reason", err)
 	}
-	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan, base: base, prog: prog}
+	job := archiveJob{dir: dir, entries: entries, src: src, fork: w.Fork(), plan: plan, base: base, prog: prog, staged: staged}
 	if plan != nil {
 		out, err := w.stageArchive(ctx, entry, job, prog)
 		if err == nil || !errors.Is(err, store.ErrNotExist) && !errors.Is(err, store.ErrTooManyParts) {

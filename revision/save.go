@@ -146,7 +146,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		} else if err != nil {
 			return fail(err)
 		}
-		if changed == nil || !changed() {
+		if changed == nil || up.held || !changed() {
 			break
 		}
 		if attempt == SaveAttempts {
@@ -251,6 +251,13 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	if err != nil {
 		return entry, nil, up, err
 	}
+	var staged *staging
+	if w.opts.Freeze != nil {
+		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, entries, skipped, virtual); err != nil {
+			return entry, nil, up, err
+		}
+		defer staged.remove()
+	}
 	if len(skipped) > 0 && w.opts.StrictEntries {
 		return entry, nil, up, SpecialFilesError(skipped)
 	}
@@ -268,8 +275,9 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	}
 	entry = format.Entry{ID: revID, Format: w.opts.Format, Path: format.RevisionPath(revID, w.opts.Format), CreatedAt: format.FormatCreatedAt(w.opts.Now())}
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
-	up, err = w.upload(ctx, dir, entry, entries, virtual, prog, src)
+	up, err = w.upload(ctx, dir, entry, entries, virtual, prog, src, staged)
 	up.listed = ps.listed()
+	up.held = staged != nil
 	prog.finish()
 	if errors.Is(err, store.ErrExist) {
 		err = amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
@@ -288,14 +296,17 @@ type uploadStats struct {
 	listed           map[uint64]string    // pending directories listed from the base (virtual.go)
 	index            *format.ArchiveIndex // an archive's
 	earlier, leftOut []string             // files unsettled (SaveResult)
+	// held: the tree was read while its writers were held (staging):
+	// it is the tree at one instant, to read no second time.
+	held bool
 }
 
 // upload writes the artifact. For a folder revision, a file unchanged since
 // the base tree (same stamp) reuses the base revision's object; only the
 // rest is uploaded. Must hold w.mu.
-func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, virtual map[string]bool, prog *progress, src *Workspace) (up uploadStats, err error) {
+func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, entries []format.TreeEntry, virtual map[string]bool, prog *progress, src *Workspace, staged *staging) (up uploadStats, err error) {
 	if entry.Format == format.FormatArchive {
-		return w.uploadArchive(ctx, dir, entry, entries, virtual, prog, src)
+		return w.uploadArchive(ctx, dir, entry, entries, virtual, prog, src, staged)
 	}
 	if len(virtual) > 0 {
 		return up, fmt.Errorf("internal error: a folder save listed %d files not made", len(virtual))
@@ -333,7 +344,17 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 			return up, err
 		}
 		name := "files/" + te.Path
-		key, stp, ok := base.reusable(dir, te.Path)
+		var key string
+		var stp store.Stamp
+		var ok bool
+		if staged != nil {
+			// Decided while the writers were held: unchanged then,
+			// or staged.
+			stp = stampOf(te)
+			key, ok = base.reusableAs(dir, te.Path, stp)
+		} else {
+			key, stp, ok = base.reusable(dir, te.Path)
+		}
 		key = baseKey(key)
 		if ok && stp.Size == uint64(te.Size) {
 			var f *os.File
@@ -384,17 +405,27 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 				continue
 			}
 		}
-		// A placeholder gets its bytes before they are read.
-		if err := src.ensure(ctx, te.Path); err != nil {
-			return up, err
-		}
-		f, isGone, err := openSaved(t, te.Path)
+		f, held, isHeld, err := staged.open(te.Path)
 		if err != nil {
 			return up, err
 		}
-		if isGone {
-			gone[te.Path] = true // removed or replaced since the snapshot
-			continue
+		if !isHeld {
+			if staged.isGone(te.Path) {
+				gone[te.Path] = true // removed or replaced before the hold
+				continue
+			}
+			// A placeholder gets its bytes before they are read.
+			if err := src.ensure(ctx, te.Path); err != nil {
+				return up, err
+			}
+			var isGone bool
+			if f, isGone, err = openSaved(t, te.Path); err != nil {
+				return up, err
+			}
+			if isGone {
+				gone[te.Path] = true // removed or replaced since the snapshot
+				continue
+			}
 		}
 		err = st.PutFile(ctx, name, f, func(stp store.Stamp, err error) {
 			mu.Lock()
@@ -402,6 +433,9 @@ func (w *Workspace) upload(ctx context.Context, dir string, entry format.Entry, 
 			if err != nil {
 				unsettled = append(unsettled, i)
 				return
+			}
+			if isHeld {
+				stp = held // the working-tree file's, not its copy's
 			}
 			// The manifest holds the bytes as read: their size and
 			// mtime, which may be newer than the snapshot's.

@@ -83,6 +83,9 @@ func (ps *pendingSnapshot) prepare(rel string) ([]format.TreeEntry, error) {
 			d.mu.Unlock()
 			return append([]format.TreeEntry(nil), files...), nil
 		}
+		// Listed by an earlier reading of this save (readHeld), and
+		// made since: its placeholders are listed now.
+		delete(ps.dirs, st.Ino)
 		d.mu.Unlock()
 		if pending {
 			if err := ps.w.populate(ps.ctx, ps.l, st.Ino, p); err != nil {

@@ -51,6 +51,20 @@ type Options struct {
 	// publishes the last one, whose files are each their bytes at one
 	// instant, and says so (SaveResult.Unsettled).
 	Watch func() (changed func() bool)
+	// Freeze, if set, holds the tree's writers still (a cgroup's, under
+	// amlfs exec) for a short while in each save. After reading the tree
+	// as it runs, a save holds it, reads again what changed since (clean
+	// says which directories, by inode, did not since the save began;
+	// nil: every directory is read again), copies the files it has to
+	// upload to StageDir, then calls thaw and uploads from the copies:
+	// the revision is the tree at the instant it was held, and Watch is
+	// not asked. An error (the writers could not be held) reads the tree
+	// as without.
+	Freeze func(ctx context.Context) (clean func(ino uint64) bool, thaw func(), err error)
+	// StageDir is where a held save copies files (Freeze): on the
+	// working tree's disk, so that a copy can be a reflink. "" is the
+	// system's temporary directory.
+	StageDir string
 	// FetchTimeout bounds one lazy fetch (a file's bytes, a directory's
 	// entries), retries and all: a reader waits at most this long, then
 	// gets EIO (DefaultFetchTimeout if 0).

@@ -1,0 +1,206 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
+)
+
+// Staging: a save whose writers can be held still (Options.Freeze) reads
+// the tree once while they run, then holds them, reads again only what
+// changed since, and copies the files it has to upload to a staging
+// directory on the same disk (a reflink where the disk has them). Then it
+// lets them go and uploads from the copies: the revision is the tree at
+// the instant it was held, and the writers wait only as long as the
+// second reading and the copies take, never for the store.
+
+// staging is a save's copies of the files it uploads, by revision path.
+type staging struct {
+	dir   string
+	files map[string]stagedFile
+	gone  map[string]bool // files removed or replaced before the hold
+	took  time.Duration   // how long the writers were held
+}
+
+// stagedFile is one copy, and the stamp of the working-tree file it was
+// taken from (its inode, size, mtime and ctime then).
+type stagedFile struct {
+	name  string
+	stamp store.Stamp
+}
+
+// stageName is the staging directory in Options.StageDir: one at a time,
+// since a workspace saves one at a time; one a crash left is removed by
+// the next save.
+const stageName = ".amlfs-stage"
+
+// open opens p's copy, if p was staged.
+func (s *staging) open(p string) (*os.File, store.Stamp, bool, error) {
+	if s == nil {
+		return nil, store.Stamp{}, false, nil
+	}
+	sf, ok := s.files[p]
+	if !ok {
+		return nil, store.Stamp{}, false, nil
+	}
+	f, err := os.Open(filepath.Join(s.dir, sf.name))
+	return f, sf.stamp, true, err
+}
+
+// isGone reports a file the hold found removed or replaced.
+func (s *staging) isGone(p string) bool { return s != nil && s.gone[p] }
+
+func (s *staging) remove() {
+	if s != nil {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// stageWorkers is how many files are copied at once while the writers
+// are held.
+const stageWorkers = 4
+
+// stage copies to staging each file of entries the save has to read
+// (neither listed from the revision, virtual, nor unchanged since base),
+// fetching a placeholder's bytes first. It runs while the writers are
+// held: a file changes only if something outside them writes it, and is
+// then read as ReadStable does.
+func (w *Workspace) stage(ctx context.Context, t *tree, dir string, entries []format.TreeEntry, virtual map[string]bool, base *baseTree, src *Workspace) (*staging, error) {
+	root := w.opts.StageDir
+	if root == "" {
+		root = os.TempDir()
+	}
+	s := &staging{dir: filepath.Join(root, stageName), files: map[string]stagedFile{}, gone: map[string]bool{}}
+	if err := os.RemoveAll(s.dir); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(stageWorkers)
+	n := 0
+	for _, te := range entries {
+		if te.Type != format.TypeFile || virtual[te.Path] {
+			continue
+		}
+		if _, ok := base.reusableAs(dir, te.Path, stampOf(te)); ok {
+			continue
+		}
+		name := strconv.Itoa(n)
+		n++
+		g.Go(func() error {
+			if err := src.ensure(gctx, te.Path); err != nil {
+				return err
+			}
+			sf, gone, err := copyStaged(t, te.Path, filepath.Join(s.dir, name))
+			if errors.Is(err, store.ErrUnsettled) {
+				// Written without pause by something not held: the
+				// upload reads it again, as without a hold.
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("stage %s: %w", te.Path, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if gone {
+				s.gone[te.Path] = true
+			} else {
+				sf.name = name
+				s.files[te.Path] = sf
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		s.remove()
+		return nil, err
+	}
+	return s, nil
+}
+
+// copyStaged copies the working-tree file rel of t to the new file to,
+// by reflink where the disk can, else by copy_file_range. Held writers
+// write nothing, so one copy between equal stamps is the file at one
+// instant; a file that changed all the same is read as ReadStable reads.
+func copyStaged(t *tree, rel, to string) (stagedFile, bool, error) {
+	f, gone, err := openSaved(t, rel)
+	if err != nil || gone {
+		return stagedFile{}, gone, err
+	}
+	defer f.Close()
+	out, err := os.OpenFile(to, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return stagedFile{}, false, err
+	}
+	defer out.Close()
+	copyOnce := func(size int64) error {
+		if err := out.Truncate(0); err != nil {
+			return err
+		}
+		if unix.IoctlFileClone(int(out.Fd()), int(f.Fd())) == nil {
+			return nil
+		}
+		if _, err := out.Seek(0, 0); err != nil {
+			return err
+		}
+		_, err := store.CopyExactly(out, f, size)
+		return err
+	}
+	before, err := store.FileStamp(f)
+	if err != nil {
+		return stagedFile{}, false, err
+	}
+	if err := copyOnce(int64(before.Size)); err == nil {
+		if after, err := store.FileStamp(f); err == nil && after == before {
+			if fi, err := out.Stat(); err == nil && fi.Size() == int64(before.Size) {
+				return stagedFile{stamp: before}, false, nil
+			}
+		}
+	}
+	st, err := store.ReadStable(f, func(size int64, attempt int) error { return copyOnce(size) })
+	return stagedFile{stamp: st}, false, err
+}
+
+// readHeld is the second reading of a save with Options.Freeze: it holds
+// the writers, reads again what changed since the first reading (whose
+// results it is given, and returns when the writers cannot be held),
+// stages the files to upload, and lets the writers go.
+func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selection, prep func(string) ([]format.TreeEntry, error), base *baseTree, src *Workspace,
+	entries []format.TreeEntry, skipped []string, virtual map[string]bool) (*staging, []format.TreeEntry, []string, map[string]bool, error) {
+	t, err := openTree(dir)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	defer t.Close()
+	start := time.Now()
+	_, thaw, err := w.opts.Freeze(ctx)
+	if err != nil {
+		w.log.Warn("could not hold the writers; the save reads the tree as it changes", "op", "save", "err", err)
+		return nil, entries, skipped, virtual, nil
+	}
+	defer thaw()
+	if entries, skipped, virtual, err = snapshot(dir, sel, prep); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	s, err := w.stage(ctx, t, dir, entries, virtual, base, src)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	thaw()
+	s.took = time.Since(start)
+	w.log.Debug("read the tree with its writers held", "op", "save", "held_seconds", s.took.Seconds(), "staged", len(s.files))
+	return s, entries, skipped, virtual, nil
+}
