@@ -353,6 +353,10 @@ func (f *FS) Passthrough() bool {
 // Changes returns the number of mutating operations served so far.
 func (f *FS) Changes() int64 { return f.changes.Load() }
 
+// Clean is nil: through FUSE, which directories changed is not kept, so
+// a held save reads every directory again.
+func (f *FS) Clean() func(ino uint64) bool { return nil }
+
 // Freeze blocks new mutations through FUSE until the returned function is
 // called. Writes the kernel passes straight to the backing file
 // (passthrough, or mmap pages already dirty) are not held back.

@@ -104,6 +104,9 @@ type server interface {
 	Mark() int64
 	// Freeze holds changes back while a snapshot is taken, if it can.
 	Freeze() (thaw func())
+	// Clean says which directories (by inode) are unchanged since the
+	// last Mark, once the writers are held; nil when not known.
+	Clean() func(ino uint64) bool
 	Passthrough() bool
 	// Mount is the mount, known by its id and held by descriptor.
 	Mount() *mountpoint.Mount

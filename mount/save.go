@@ -346,7 +346,7 @@ func (d *Daemon) saveFreeze() func(context.Context) (func(uint64) bool, func(), 
 		}
 		thawFS := d.fs.Freeze()
 		var once sync.Once
-		return nil, func() { once.Do(func() { thawFS(); thaw() }) }, nil
+		return d.fs.Clean(), func() { once.Do(func() { thawFS(); thaw() }) }, nil
 	}
 }
 

@@ -120,7 +120,7 @@ func RunKeeper(args []string) int {
 			if err != nil || n == 0 {
 				os.Exit(1)
 			}
-			eachEvent(ev[:n], func(m *unix.FanotifyEventMetadata) {
+			eachEvent(ev[:n], func(m *unix.FanotifyEventMetadata, _ []byte) {
 				if m.Fd >= 0 {
 					deny(group, m.Fd)
 					unix.Close(int(m.Fd))

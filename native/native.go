@@ -94,15 +94,14 @@ type Server struct {
 	keeper  *keeper
 	serving bool // ServePlaceholders ran
 	closed  sync.Once
-	// armed is set once Mark has marked every directory and read the
-	// count a save starts from: the first change seen then removes every
-	// mark (FAN_MARK_FLUSH), since one change after the mark makes the
-	// tree dirty until the next save, and events after it would only
-	// cost the sandbox time. The next Mark marks them again. fmu orders a
-	// flush and its count against Mark, so that a flush is always
-	// counted after the mark it follows.
-	fmu   sync.Mutex
-	armed bool // GUARDED_BY(fmu)
+	// dirs knows which directories changed since the last Mark
+	// (changes.go); emu orders the reading of change events, by the loop
+	// or by Clean, and guards counted: a batch's first change is
+	// counted, once.
+	dirs    dirChanges
+	emu     sync.Mutex
+	counted bool
+	root    int // the working directory: changed directories are opened by handle on its disk
 	// detached is set once Unmount had to detach a busy mount: processes
 	// may still hold placeholders open.
 	detached atomic.Bool
@@ -175,7 +174,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{opts: opts, log: opts.Log, hsm: -1, notify: -1, stop: [2]int{-1, -1}, gone: make(chan struct{}), self: int32(os.Getpid())}
+	s := &Server{opts: opts, log: opts.Log, hsm: -1, notify: -1, root: -1, stop: [2]int{-1, -1}, gone: make(chan struct{}), self: int32(os.Getpid())}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var err error
 	if s.hsm, err = unix.FanotifyInit(unix.FAN_CLASS_PRE_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS,
@@ -183,10 +182,14 @@ func New(opts Options) (*Server, error) {
 		s.closeFDs()
 		return nil, fmt.Errorf("fanotify_init(FAN_CLASS_PRE_CONTENT): %w", err)
 	}
-	if s.notify, err = unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS|unix.FAN_REPORT_FID,
+	if s.notify, err = unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS|unix.FAN_REPORT_FID|unix.FAN_REPORT_DIR_FID,
 		unix.O_RDONLY|unix.O_CLOEXEC); err != nil {
 		s.closeFDs()
-		return nil, fmt.Errorf("fanotify_init(FAN_REPORT_FID): %w", err)
+		return nil, fmt.Errorf("fanotify_init(FAN_REPORT_DIR_FID): %w", err)
+	}
+	if s.root, err = unix.Open(opts.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		s.closeFDs()
+		return nil, &os.PathError{Op: "open", Path: opts.Dir, Err: err}
 	}
 	if err := unix.Pipe2(s.stop[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		s.closeFDs()
@@ -241,6 +244,7 @@ func (s *Server) Start(premarked bool) error {
 	}()
 	s.ServePlaceholders()
 	start := time.Now()
+	s.dirs.reset()
 	dirs, files, err := s.markTree(opts.Content != nil && !premarked)
 	if err != nil {
 		return err
@@ -310,6 +314,11 @@ func (m *treeMarker) dir(fd int, name string) error {
 	if err := unix.FanotifyMark(m.s.notify, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, dirMask, fd, ""); err != nil {
 		return fmt.Errorf("mark %s: %w", name, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "stat", Path: name, Err: err}
+	}
+	m.s.dirs.addMarked(st.Ino)
 	m.dirs.Add(1)
 	ents, err := f.ReadDir(-1)
 	if err != nil {
@@ -426,7 +435,7 @@ const metaLen = int(unsafe.Sizeof(unix.FanotifyEventMetadata{}))
 // here until its bytes are written.
 func (s *Server) serveHSM() {
 	defer s.wg.Done()
-	s.events(s.hsm, func(m *unix.FanotifyEventMetadata) {
+	s.events(s.hsm, nil, func(m *unix.FanotifyEventMetadata, _ []byte) {
 		if m == nil || m.Fd < 0 {
 			return // a batch's end, or an event with no file
 		}
@@ -436,15 +445,26 @@ func (s *Server) serveHSM() {
 }
 
 // events reads the events of group fd until the server stops, handing
-// each batch's events to fn in order; fn is told of each batch's end by
-// a nil event.
-func (s *Server) events(fd int, fn func(*unix.FanotifyEventMetadata)) {
+// each batch's events to fn in order, with their information records;
+// fn is told of each batch's end by a nil event. lock, if not nil, is
+// held while a batch is read and handed over.
+func (s *Server) events(fd int, lock sync.Locker, fn func(*unix.FanotifyEventMetadata, []byte)) {
 	buf := make([]byte, 64<<10)
 	for {
 		if _, ok := s.waitReadable(fd, unix.POLLIN, -1); !ok {
 			return
 		}
+		if lock != nil {
+			lock.Lock()
+		}
 		n, err := unix.Read(fd, buf)
+		if err == nil {
+			eachEvent(buf[:n], fn)
+			fn(nil, nil)
+		}
+		if lock != nil {
+			lock.Unlock()
+		}
 		if err == unix.EAGAIN || err == unix.EINTR {
 			continue
 		}
@@ -452,20 +472,19 @@ func (s *Server) events(fd int, fn func(*unix.FanotifyEventMetadata)) {
 			s.log.Error("read fanotify events", "op", "fanotify", "path", s.opts.Mountpoint, "err", err)
 			return
 		}
-		eachEvent(buf[:n], fn)
-		fn(nil)
 	}
 }
 
-// eachEvent calls fn with each event in buf.
-func eachEvent(buf []byte, fn func(*unix.FanotifyEventMetadata)) {
+// eachEvent calls fn with each event in buf and its information records.
+func eachEvent(buf []byte, fn func(*unix.FanotifyEventMetadata, []byte)) {
 	for off := 0; off+metaLen <= len(buf); {
 		m := *(*unix.FanotifyEventMetadata)(unsafe.Pointer(&buf[off]))
-		if m.Event_len < uint32(metaLen) {
+		if m.Event_len < uint32(metaLen) || off+int(m.Event_len) > len(buf) {
 			return
 		}
+		info := buf[off+int(m.Metadata_len) : off+int(m.Event_len)]
 		off += int(m.Event_len)
-		fn(&m)
+		fn(&m, info)
 	}
 }
 
@@ -497,27 +516,31 @@ func (s *Server) respond(fd int32, resp uint32) {
 // made before that is a change anyway, since making the directory was.
 func (s *Server) serveNotify() {
 	defer s.wg.Done()
-	counted := false
-	s.events(s.notify, func(m *unix.FanotifyEventMetadata) {
-		if m == nil {
-			counted = false // the next batch
-			return
-		}
-		if m.Fd >= 0 {
-			unix.Close(int(m.Fd))
-		}
-		if counted || (m.Pid == s.self && m.Mask&unix.FAN_Q_OVERFLOW == 0) {
-			return // counted, or the daemon's own: a fetch, a lease
-		}
-		counted = true
-		s.fmu.Lock()
-		if s.armed {
-			unix.FanotifyMark(s.notify, unix.FAN_MARK_FLUSH, 0, unix.AT_FDCWD, "")
-			s.armed = false
-		}
-		s.changes.Add(1)
-		s.fmu.Unlock()
-	})
+	s.events(s.notify, &s.emu, s.notifyEvent)
+}
+
+// notifyEvent takes one change event (nil: a batch's end). Must hold emu.
+func (s *Server) notifyEvent(m *unix.FanotifyEventMetadata, info []byte) {
+	if m == nil {
+		s.counted = false // the next batch
+		return
+	}
+	if m.Fd >= 0 {
+		unix.Close(int(m.Fd))
+	}
+	own := m.Pid == s.self && m.Mask&unix.FAN_Q_OVERFLOW == 0
+	if m.Mask&unix.FAN_Q_OVERFLOW != 0 {
+		s.dirs.mu.Lock()
+		s.dirs.lost = true
+		s.dirs.mu.Unlock()
+	} else {
+		s.noteChange(info, own)
+	}
+	if s.counted || own {
+		return // counted, or the daemon's own: a fetch, a lease
+	}
+	s.counted = true
+	s.changes.Add(1)
 }
 
 // watchMounts notices the mount going away (an external umount, lazy or
@@ -573,16 +596,14 @@ func (s *Server) Touch() { s.changes.Add(1) }
 // from: every change after it is seen. A directory that cannot be marked
 // (gone, swapped for a symlink) is passed over.
 func (s *Server) Mark() int64 {
-	s.fmu.Lock()
-	s.armed = false
-	s.fmu.Unlock()
+	s.dirs.reset()
 	if _, _, err := s.markTree(false); err != nil {
 		s.log.Warn("mark the tree's directories; the tree counts as changed", "op", "fanotify", "path", s.opts.Dir, "err", err)
 		s.changes.Add(1)
+		s.dirs.mu.Lock()
+		s.dirs.lost = true
+		s.dirs.mu.Unlock()
 	}
-	s.fmu.Lock()
-	defer s.fmu.Unlock()
-	s.armed = true
 	return s.changes.Load()
 }
 
@@ -658,7 +679,7 @@ func (s *Server) Detached() bool { return s.detached.Load() }
 func (s *Server) Stranded() bool { return s.Detached() && s.Pending() > 0 }
 
 func (s *Server) closeFDs() {
-	for _, fd := range []*int{&s.hsm, &s.notify, &s.stop[0], &s.stop[1]} {
+	for _, fd := range []*int{&s.hsm, &s.notify, &s.root, &s.stop[0], &s.stop[1]} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1

@@ -272,9 +272,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f 
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
 	if after, err := store.FileStamp(f); err == nil {
-		if b := w.baseTree(); b != nil {
-			b.refresh(pf.origPath, ino, after)
-		}
+		w.noteFill(pf.origPath, ino, after)
 		w.view.Filled(ino, after.Ctime.Nano())
 	}
 	w.lmu.Lock()

@@ -79,6 +79,10 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.prunes.Wait() // the last save's pruning, if still under way
+	if src == w {
+		w.startFills()
+		defer w.stopFills()
+	}
 	start := time.Now()
 	fail := func(err error) (SaveResult, error) {
 		w.orphansMaybe = true // a failed save may leave its artifact behind
@@ -192,7 +196,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	var moves map[uint64]repointTo
 	var listed map[uint64]string
 	if src == w {
-		w.setBase(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
+		w.setBaseAfterFills(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
 		moves, listed = up.moves, up.listed
 	}
 	// 5. Prune, after publication, without holding the save up.
@@ -247,13 +251,14 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	} else if err := src.populateAll(ctx); err != nil {
 		return entry, nil, up, err
 	}
-	entries, skipped, virtual, err := snapshot(dir, sel, prep)
+	held := w.opts.Freeze != nil
+	entries, skipped, virtual, listings, err := snapshotAgain(dir, sel, prep, held, nil, nil)
 	if err != nil {
 		return entry, nil, up, err
 	}
 	var staged *staging
-	if w.opts.Freeze != nil {
-		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, entries, skipped, virtual); err != nil {
+	if held {
+		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, entries, skipped, virtual, listings); err != nil {
 			return entry, nil, up, err
 		}
 		defer staged.remove()

@@ -39,14 +39,32 @@ func Snapshot(dir string, s format.Selection) (entries []format.TreeEntry, skipp
 // made yet (a lazily restored directory's, listed from its revision),
 // which are listed as if they were there, and returned in virtual too.
 func snapshot(dir string, s format.Selection, prep func(rel string) ([]format.TreeEntry, error)) (entries []format.TreeEntry, skipped []string, virtual map[string]bool, err error) {
+	entries, skipped, virtual, _, err = snapshotAgain(dir, s, prep, false, nil, nil)
+	return entries, skipped, virtual, err
+}
+
+// snapshotAgain is snapshot, with record recording each directory's
+// listing, which it returns. Given the listings of an earlier snapshot (prev) and which
+// directories have not changed since it began (clean), it lists again
+// only the others: a clean directory's entries are as it listed them
+// (but for files of more than one link, which may have changed through
+// another; the stat data of its subdirectories, which its parent's
+// listing gives, is read again).
+func snapshotAgain(dir string, s format.Selection, prep func(rel string) ([]format.TreeEntry, error), record bool, prev map[string]*dirListing, clean func(uint64) bool) (entries []format.TreeEntry, skipped []string, virtual map[string]bool, listings map[string]*dirListing, err error) {
 	t, err := openTree(dir)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	defer t.Close()
 	w := walker{root: t, sel: s, slots: make(chan struct{}, snapshotWorkers-1), prep: prep, virtual: map[string]bool{}}
+	if record {
+		w.rec = map[string]*dirListing{}
+	}
+	if clean != nil {
+		w.prev, w.clean = prev, clean
+	}
 	if _, err := w.walk("", nil, false); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	// Directories are walked at once: the order found is not the order
 	// given.
@@ -56,11 +74,33 @@ func snapshot(dir string, s format.Selection, prep func(rel string) ([]format.Tr
 		if n > 20 {
 			w.bad = append(w.bad[:20], fmt.Sprintf("and %d more", n-20))
 		}
-		return nil, nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
+		return nil, nil, nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
 	}
 	format.SortEntries(w.out)
-	return w.out, w.skipped, w.virtual, nil
+	return w.out, w.skipped, w.virtual, w.rec, nil
 }
+
+// dirListing is what a snapshot listed of one directory.
+type dirListing struct {
+	ino  uint64
+	ents []os.DirEntry
+	kids map[string]listedKid // what it made of each selected non-directory, by name
+}
+
+// listedKid is what a snapshot made of one selected non-directory.
+type listedKid struct {
+	kind  byte // kidEntry, kidSpecial, kidGone or kidBad
+	entry format.TreeEntry
+	why   string // kidBad's
+	multi bool   // more than one link: another may have changed it
+}
+
+const (
+	kidEntry = iota + 1
+	kidSpecial
+	kidGone
+	kidBad
+)
 
 // SpecialFilesError is the UNSUPPORTED_ENTRY error of a strict save that
 // met special files: it lists every one.
@@ -86,6 +126,11 @@ type walker struct {
 	skipped []string // special files
 	bad     []string // what no revision can hold, with why
 	virtual map[string]bool
+	rec     map[string]*dirListing // each directory's listing, by path
+	// prev and clean, if set: a directory listed in prev that clean says
+	// is unchanged since is not listed again.
+	prev  map[string]*dirListing
+	clean func(uint64) bool
 }
 
 // snapshotWorkers is how many directories a snapshot lists at once: a
@@ -117,6 +162,14 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 	}
 	defer d.Close()
 	dfd := int(d.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstat(dfd, &st); err != nil {
+		return false, err
+	}
+	var reuse *dirListing
+	if l := w.prev[rel]; l != nil && l.ino == st.Ino && w.clean(st.Ino) {
+		reuse = l
+	}
 	var notMade []format.TreeEntry
 	if w.prep != nil {
 		if notMade, err = w.prep(rel); err != nil {
@@ -135,9 +188,18 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		patterns = append(patterns[:len(patterns):len(patterns)], ps...)
 	}
 	matcher := gitignore.NewMatcher(patterns)
-	ents, err := d.ReadDir(-1)
-	if err != nil {
+	var ents []os.DirEntry
+	if reuse != nil {
+		ents = reuse.ents
+	} else if ents, err = d.ReadDir(-1); err != nil {
 		return false, err
+	}
+	var listing *dirListing
+	if w.rec != nil {
+		listing = &dirListing{ino: st.Ino, ents: ents, kids: map[string]listedKid{}}
+		w.mu.Lock()
+		w.rec[rel] = listing
+		w.mu.Unlock()
 	}
 	var any atomic.Bool
 	var subs errgroup.Group // subdirectories walked on other walkers
@@ -202,44 +264,27 @@ entries:
 		if !selected {
 			continue
 		}
-		fi, err := lstatAt(dfd, de.Name())
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // removed since the listing
-		}
-		if err != nil {
-			fail(err)
-			break entries
-		}
-		if why := unsavableName(p); why != "" {
-			w.refuse(fmt.Sprintf("%q: %s", p, why))
-			continue
-		}
-		e := format.TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, true)}
-		switch {
-		case fi.Mode().IsRegular():
-			e.Type, e.Size = format.TypeFile, fi.Size()
-		case fi.Mode()&os.ModeSymlink != 0:
-			target, err := readlinkAt(dfd, de.Name())
-			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
-				continue // removed or replaced since the listing
-			}
-			if err != nil {
+		kid, ok := reuse.kid(de.Name())
+		if !ok {
+			if kid, err = listKid(dfd, p, de.Name()); err != nil {
 				fail(err)
 				break entries
 			}
-			if !utf8.ValidString(target) || len(target) > format.MaxSymlinkTarget {
-				w.refuse(fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, format.MaxSymlinkTarget))
-				continue
-			}
-			e.Type, e.Target, e.Mode = format.TypeSymlink, target, 0o777
-		default:
+		}
+		if listing != nil {
+			listing.kids[de.Name()] = kid
+		}
+		switch kid.kind {
+		case kidEntry:
+			w.add(kid.entry)
+			any.Store(true)
+		case kidSpecial:
 			w.mu.Lock()
 			w.skipped = append(w.skipped, p)
 			w.mu.Unlock()
-			continue
+		case kidBad:
+			w.refuse(kid.why)
 		}
-		w.add(e)
-		any.Store(true)
 	}
 	if firstErr == nil && w.addNotMade(rel, notMade, ents, domain, matcher, ignored) {
 		any.Store(true)
@@ -248,6 +293,55 @@ entries:
 		firstErr = err
 	}
 	return any.Load(), firstErr
+}
+
+// kid returns what l made of its non-directory name, unless l is nil or
+// the file has more than one link.
+func (l *dirListing) kid(name string) (listedKid, bool) {
+	if l == nil {
+		return listedKid{}, false
+	}
+	k, ok := l.kids[name]
+	return k, ok && !k.multi
+}
+
+// listKid lists the selected non-directory name, at p, of the directory
+// open as dfd.
+func listKid(dfd int, p, name string) (listedKid, error) {
+	fi, err := lstatAt(dfd, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return listedKid{kind: kidGone}, nil // removed since the listing
+	}
+	if err != nil {
+		return listedKid{}, err
+	}
+	if why := unsavableName(p); why != "" {
+		return listedKid{kind: kidBad, why: fmt.Sprintf("%q: %s", p, why)}, nil
+	}
+	e := format.TreeEntry{Path: p, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, true)}
+	switch {
+	case fi.Mode().IsRegular():
+		e.Type, e.Size = format.TypeFile, fi.Size()
+	case fi.Mode()&os.ModeSymlink != 0:
+		target, err := readlinkAt(dfd, name)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.EINVAL) {
+			return listedKid{kind: kidGone}, nil // removed or replaced since the listing
+		}
+		if err != nil {
+			return listedKid{}, err
+		}
+		if !utf8.ValidString(target) || len(target) > format.MaxSymlinkTarget {
+			return listedKid{kind: kidBad, why: fmt.Sprintf("%q: symlink target %q is not UTF-8 or over %d bytes", p, target, format.MaxSymlinkTarget)}, nil
+		}
+		e.Type, e.Target, e.Mode = format.TypeSymlink, target, 0o777
+	default:
+		return listedKid{kind: kidSpecial}, nil
+	}
+	multi := false
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		multi = st.Nlink > 1
+	}
+	return listedKid{kind: kidEntry, entry: e, multi: multi}, nil
 }
 
 // addNotMade lists the files of directory rel not made yet, as selected

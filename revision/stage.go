@@ -179,20 +179,20 @@ func copyStaged(t *tree, rel, to string) (stagedFile, bool, error) {
 // results it is given, and returns when the writers cannot be held),
 // stages the files to upload, and lets the writers go.
 func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selection, prep func(string) ([]format.TreeEntry, error), base *baseTree, src *Workspace,
-	entries []format.TreeEntry, skipped []string, virtual map[string]bool) (*staging, []format.TreeEntry, []string, map[string]bool, error) {
+	entries []format.TreeEntry, skipped []string, virtual map[string]bool, listings map[string]*dirListing) (*staging, []format.TreeEntry, []string, map[string]bool, error) {
 	t, err := openTree(dir)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
 	defer t.Close()
 	start := time.Now()
-	_, thaw, err := w.opts.Freeze(ctx)
+	clean, thaw, err := w.opts.Freeze(ctx)
 	if err != nil {
 		w.log.Warn("could not hold the writers; the save reads the tree as it changes", "op", "save", "err", err)
 		return nil, entries, skipped, virtual, nil
 	}
 	defer thaw()
-	if entries, skipped, virtual, err = snapshot(dir, sel, prep); err != nil {
+	if entries, skipped, virtual, _, err = snapshotAgain(dir, sel, prep, false, listings, clean); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	s, err := w.stage(ctx, t, dir, entries, virtual, base, src)
@@ -201,6 +201,6 @@ func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selecti
 	}
 	thaw()
 	s.took = time.Since(start)
-	w.log.Debug("read the tree with its writers held", "op", "save", "held_seconds", s.took.Seconds(), "staged", len(s.files))
+	w.log.Debug("read the tree with its writers held", "op", "save", "held_seconds", s.took.Seconds(), "staged", len(s.files), "changed_only", clean != nil)
 	return s, entries, skipped, virtual, nil
 }

@@ -2,11 +2,15 @@ package revision
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"syscall"
 	"testing"
 
 	"github.com/amlfs/amlfs/revision/format"
+	"github.com/amlfs/amlfs/revision/store"
 )
 
 // TestHeldSaveIsTheTreeWhenHeld: with Options.Freeze, a save is the tree
@@ -96,5 +100,125 @@ func checkRevision(t *testing.T, base testBase, id, rev string, want map[string]
 		if _, ok := want[p]; !ok {
 			t.Errorf("%s: %s saved, want it absent", rev, p)
 		}
+	}
+}
+
+// TestSnapshotAgainListsOnlyChanged: a second reading lists again only
+// the directories clean does not vouch for. A change in a directory it
+// vouches for is not seen (the proof that it is not listed again), but
+// for a file of more than one link, stated again; the others' changes,
+// a directory moved into one of them, and one removed from a clean one,
+// are.
+func TestSnapshotAgainListsOnlyChanged(t *testing.T) {
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"a/f": "1", "a/b/g": "2", "c/h": "3", "a/linked": "4", "d/moved/m": "5", "e/gone/x": "6"})
+	if err := os.Link(filepath.Join(dir, "a/linked"), filepath.Join(dir, "c/link")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, prev, err := snapshotAgain(dir, format.Selection{}, nil, true, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, dir, map[string]string{"a/f": "1 changed", "a/b/g": "2 changed", "c/new": "n", "c/link": "4 changed"})
+	if err := os.Rename(filepath.Join(dir, "d/moved"), filepath.Join(dir, "c/moved")); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(dir, "e/gone"))
+	inoOf := func(rel string) uint64 {
+		fi, err := os.Stat(filepath.Join(dir, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	changed := map[uint64]bool{inoOf("c"): true, inoOf("d"): true}
+	sizes := func(clean func(uint64) bool) map[string]int64 {
+		entries, _, _, _, err := snapshotAgain(dir, format.Selection{}, nil, false, prev, clean)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, e := range entries {
+			if e.Type == format.TypeFile {
+				got[e.Path] = e.Size
+			}
+		}
+		return got
+	}
+	got := sizes(func(ino uint64) bool { return !changed[ino] })
+	want := map[string]int64{"a/f": 1, "a/b/g": 1, "a/linked": 9, "c/h": 1, "c/link": 9, "c/new": 1, "c/moved/m": 1}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("with c and d changed: %v, want %v", got, want)
+	}
+	// Without clean, every directory is listed again.
+	got = sizes(nil)
+	want["a/f"], want["a/b/g"] = 9, 9
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("listing all again: %v, want %v", got, want)
+	}
+}
+
+// TestFillsDuringASaveKeepReuse: placeholders filled while a save runs
+// (a prefetch started before it) are their revision's bytes: the save
+// after reuses them and uploads only what changed. The old base kept the
+// stamps the save's snapshot listed, of placeholders, and the next save
+// uploaded every file filled meanwhile again.
+func TestFillsDuringASaveKeepReuse(t *testing.T) {
+	ctx := context.Background()
+	files := map[string]string{}
+	for i := 0; i < 800; i++ {
+		files[fmt.Sprintf("d%d/f%04d", i/200, i)] = fmt.Sprint("content ", i)
+	}
+	for _, kind := range []string{format.FormatArchive, format.FormatFolder} {
+		t.Run(kind, func(t *testing.T) {
+			w, dst := lazyTree(t, newBase(t, "mem"), "fills", files, Options{Format: kind})
+			if err := w.populateAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(filepath.Join(dst, "d0/f0000"), []byte("x"), 0o644)
+			done := make(chan struct{})
+			go func() { w.prefetch(ctx, 1); close(done) }()
+			if _, err := w.Save(ctx, dst, format.Selection{}, ""); err != nil {
+				t.Fatal(err)
+			}
+			<-done
+			os.WriteFile(filepath.Join(dst, "d0/f0001"), []byte("y"), 0o644)
+			res, err := w.Save(ctx, dst, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Uploaded != 1 {
+				t.Errorf("the save after: uploaded %d, reused %d; want 1 uploaded", res.Uploaded, res.Reused)
+			}
+		})
+	}
+}
+
+// TestFillLog: a base set after a fill it listed the placeholder of
+// takes the filled file's stamp; a change after the fill is still seen.
+func TestFillLog(t *testing.T) {
+	ctx := context.Background()
+	w, dst := lazyTree(t, newBase(t, "mem"), "log", map[string]string{"a": "alpha", "b": "beta"}, Options{Format: format.FormatFolder})
+	if err := w.populateAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]store.Stamp{}
+	for _, p := range []string{"a", "b"} {
+		before[p], _ = statStamp(filepath.Join(dst, p))
+	}
+	w.startFills()
+	for _, p := range []string{"a", "b"} {
+		if err := w.ensure(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(dst, "b"), []byte("BETA"), 0o644) // changed after its fill
+	b := &baseTree{dir: dst, files: map[string]baseFile{"a": {stamp: before["a"], key: "ka"}, "b": {stamp: before["b"], key: "kb"}}}
+	w.setBaseAfterFills(b)
+	if _, _, ok := b.reusable(dst, "a"); !ok {
+		t.Errorf("a, filled after the base listed it, is not reusable")
+	}
+	if _, _, ok := b.reusable(dst, "b"); ok {
+		t.Errorf("b, changed after its fill, is reusable")
 	}
 }

@@ -12,6 +12,10 @@ import (
 type baseFile struct {
 	stamp store.Stamp
 	key   string // the store key holding this file's bytes
+	// prior is its stamp as a placeholder, before a fill (refresh) gave
+	// it stamp: a save that listed the placeholder before the fill reuses
+	// the same bytes.
+	prior store.Stamp
 }
 
 // baseTree is the tree a working directory was restored from or last
@@ -60,11 +64,13 @@ func showStat(te *format.TreeEntry, view StatView, ino uint64, ctime int64) {
 
 // refresh updates p's stamp after its bytes were fetched in place, if p is
 // still that inode.
+// A file the base listed from its revision, not made then (virtual.go:
+// no stamp), is of the same bytes too.
 func (b *baseTree) refresh(p string, ino uint64, st store.Stamp) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if f, ok := b.files[p]; ok && f.stamp.Ino == ino {
-		f.stamp = st
+	if f, ok := b.files[p]; ok && (f.stamp.Ino == ino || f.stamp.Ino == 0) {
+		f.prior, f.stamp = f.stamp, st
 		b.files[p] = f
 	}
 }
@@ -105,7 +111,7 @@ func (b *baseTree) reusableAs(dir, p string, cur store.Stamp) (string, bool) {
 	b.mu.Lock()
 	f, ok := b.files[p]
 	b.mu.Unlock()
-	if !ok || f.stamp != cur {
+	if !ok || f.stamp != cur && (f.prior.Ino == 0 || f.prior != cur) {
 		return "", false
 	}
 	return f.key, true
@@ -169,4 +175,88 @@ func (b *baseTree) restamp(p string, stp store.Stamp, key string) {
 		f.stamp = stp
 		b.files[p] = f
 	}
+}
+
+// fillLog records, while a save runs, the stamp of each placeholder just
+// filled, by inode. The save's snapshot may have listed a placeholder
+// before it was filled: the base it records would keep the placeholder's
+// stamp, and the next save take the filled file for changed and upload
+// it again. A placeholder holds its revision's bytes until it is filled
+// (nothing writes one before), so a stamp of the new base for the same
+// inode, size and mtime, from no later than the fill, is of the same
+// bytes as the filled file: it becomes the fill's stamp. A change after
+// the fill changes that stamp, so the next save sees it.
+// A file the new base listed from its revision, not made then (no
+// stamp), and made and filled since at its path, is of the same bytes too.
+type fillLog map[uint64]filled
+
+// filled is a placeholder's fill: where it was made, and its stamp after.
+type filled struct {
+	path  string
+	after store.Stamp
+}
+
+// startFills starts the log of a save.
+func (w *Workspace) startFills() {
+	w.lmu.Lock()
+	w.fills = fillLog{}
+	w.lmu.Unlock()
+}
+
+// noteFill records that the placeholder p (inode ino) was filled and now
+// has the stamp after: in the base, and in the log if a save runs. Under
+// lmu, so that a fill is either in the log or in the base a save sets.
+func (w *Workspace) noteFill(p string, ino uint64, after store.Stamp) {
+	w.lmu.Lock()
+	b := w.base
+	if w.fills != nil {
+		w.fills[ino] = filled{p, after}
+	}
+	w.lmu.Unlock()
+	if b != nil {
+		b.refresh(p, ino, after)
+	}
+}
+
+// setBaseAfterFills makes b the base, with the fills logged since
+// startFills applied, and stops the log.
+func (w *Workspace) setBaseAfterFills(b *baseTree) {
+	w.lmu.Lock()
+	fills := w.fills
+	w.fills = nil
+	w.base = b
+	w.lmu.Unlock()
+	if len(fills) == 0 || b == nil {
+		return
+	}
+	at := make(map[string]store.Stamp, len(fills))
+	for _, fl := range fills {
+		at[fl.path] = fl.after
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for p, f := range b.files {
+		if f.stamp.Ino == 0 {
+			if after, ok := at[p]; ok {
+				f.stamp = after
+				b.files[p] = f
+			}
+			continue
+		}
+		fl, ok := fills[f.stamp.Ino]
+		if ok && f.stamp.Size == fl.after.Size && f.stamp.Mtime == fl.after.Mtime && !timeAfter(f.stamp.Ctime, fl.after.Ctime) {
+			f.stamp = fl.after
+			b.files[p] = f
+		}
+	}
+}
+
+// timeAfter reports whether a is later than b.
+func timeAfter(a, b syscall.Timespec) bool { return a.Nano() > b.Nano() }
+
+// stopFills stops the log (a save that published no base).
+func (w *Workspace) stopFills() {
+	w.lmu.Lock()
+	w.fills = nil
+	w.lmu.Unlock()
 }

@@ -100,7 +100,10 @@ type Workspace struct {
 
 	lmu  sync.Mutex // guards base and lazy; never held across I/O
 	base *baseTree  // GUARDED_BY(lmu): the tree last restored or saved, for reuse
-	lazy *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
+	// fills logs the placeholders filled while a save runs
+	// (GUARDED_BY(lmu)): its new base may have listed them before.
+	fills fillLog
+	lazy  *lazyState // GUARDED_BY(lmu): placeholders of a lazy restore
 	// restored is what the last restore made, with the stat data each
 	// entry was saved with, until RefreshGitIndexes takes it
 	// (GUARDED_BY(lmu)).
