@@ -14,6 +14,7 @@
 # (AMLFS_VERSITYGW).
 #
 #   N=100000 SERVES="native fuse" STORE=file bash bench/stall.sh
+#   LOG_LEVEL=debug also prints each save's hold, from the daemon's log.
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -70,7 +71,7 @@ for serve in $SERVES; do
   "$AM" exec "${SA[@]}" --id "$id" --serve "$serve" --cache-dir "$WORK/c-$id" "$m" -- cp -a "$src/." . >/dev/null
   # The measured run, on a fresh cache dir (a lazy restore).
   rm -rf "$WORK/c-$id"
-  "$AM" exec "${SA[@]}" --id "$id" --serve "$serve" --cache-dir "$WORK/c-$id" --save never "$m" -- sh -c '
+  "$AM" --log-level "${LOG_LEVEL:-info}" exec "${SA[@]}" --id "$id" --serve "$serve" --cache-dir "$WORK/c-$id" --save never "$m" -- sh -c '
     set -e
     AM=$1 M=$2 OUT=$3 TIMES=$4 COMMITS=$5 SERVE=$6 WRITER=$7
     if [ "$SERVE" = native ]; then "$AM" status "$M" | grep -q "^serve: *native" || { echo "not served natively" >&2; exit 1; }
@@ -101,6 +102,8 @@ print("%s|the same, median|%s|-" % (serve, ms(sorted(stalls)[n // 2])))
 print("%s|commit's own time, median|%s|-" % (serve, ms(sorted(times)[n // 2])))
 PY
 done
+# LOG_LEVEL=debug: how long each save held the writers, and what it read.
+[ "${LOG_LEVEL:-info}" = debug ] && grep -h "writers held" "$WORK"/run/*.log >&2
 printf '\nstall: %s files of 4 KiB, %s store, kernel %s, %s cores\n\n' "$N" "$STORE" "$(uname -r)" "$(nproc)"
 printf '| serving | measure | ms | target |\n|---|---|---|---|\n'
 while IFS='|' read -r s what v tgt; do printf '| %s | %s | %s | %s |\n' "$s" "$what" "$v" "$tgt"; done < "$WORK/rows"

@@ -201,8 +201,14 @@ func (d *Daemon) serveControl() (*control, error) {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), d.cfg.ToolTimeout)
 		defer cancel()
+		// A mutation counts before (so that a save holding the writers
+		// meanwhile reads every directory again) and after it.
+		mutates := tools.Mutates(r.PathValue("name"))
+		if mutates {
+			d.fs.Touch()
+		}
 		out, err := tfs.Call(ctx, r.PathValue("name"), args)
-		if tools.Mutates(r.PathValue("name")) {
+		if mutates {
 			d.fs.Touch()
 		}
 		if err != nil {

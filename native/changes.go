@@ -12,8 +12,9 @@ import (
 // directory it happened in (FAN_REPORT_DIR_FID), which is then known as
 // changed until the next Mark, and its mark removed: a directory costs the
 // sandbox one event per save, however much changes in it. The daemon's
-// own changes (a fetch) mark a directory changed too, but keep its mark,
-// so that a change of the sandbox's after them is still counted.
+// own changes do not count: a fill writes the bytes the file had as a
+// placeholder (a save that listed the placeholder reuses them), and a tool
+// call counts as changing every directory (Touch).
 //
 // A save that holds the writers asks which directories did not change
 // since its Mark (Clean): it reads only the others again.
@@ -21,7 +22,6 @@ type dirChanges struct {
 	mu      sync.Mutex
 	marked  map[uint64]bool // the directories the last Mark marked
 	changed map[uint64]bool // since then
-	seen    map[string]bool // handles of the daemon's own changes, known changed
 	// lost is set when a change's directory cannot be known (the queue
 	// overflowed, a handle that does not open): every directory counts as
 	// changed until the next Mark.
@@ -31,7 +31,7 @@ type dirChanges struct {
 // reset starts a Mark's interval.
 func (c *dirChanges) reset() {
 	c.mu.Lock()
-	c.marked, c.changed, c.seen, c.lost = map[uint64]bool{}, map[uint64]bool{}, map[string]bool{}, false
+	c.marked, c.changed, c.lost = map[uint64]bool{}, map[uint64]bool{}, false
 	c.mu.Unlock()
 }
 
@@ -83,27 +83,15 @@ func fileHandle(rec []byte) (int32, []byte, bool) {
 	return htype, rec[at+8 : at+8+n], true
 }
 
-// noteChange records the directory of one event (info: its records); own
-// is the daemon's own change. It reports whether the event was about a
-// directory it could name.
-func (s *Server) noteChange(info []byte, own bool) {
+// noteChange records the directory of one change event of the sandbox's
+// (info: its records), and removes the directory's mark.
+func (s *Server) noteChange(info []byte) {
 	c := &s.dirs
 	htype, h, ok := dirHandle(info)
 	if !ok {
 		s.log.Debug("a change event names no directory; every directory counts as changed", "op", "fanotify", "info", len(info))
-		c.mu.Lock()
-		c.lost = true
-		c.mu.Unlock()
+		c.setLost()
 		return
-	}
-	key := string(h)
-	if own {
-		c.mu.Lock()
-		seen := c.seen[key]
-		c.mu.Unlock()
-		if seen {
-			return
-		}
 	}
 	fd, err := unix.OpenByHandleAt(s.root, unix.NewFileHandle(htype, h), unix.O_PATH|unix.O_CLOEXEC)
 	if err == unix.ESTALE || err == unix.ENOENT {
@@ -111,32 +99,30 @@ func (s *Server) noteChange(info []byte, own bool) {
 	}
 	if err != nil {
 		s.log.Debug("open a changed directory by its handle; every directory counts as changed", "op", "fanotify", "err", err)
-		c.mu.Lock()
-		c.lost = true
-		c.mu.Unlock()
+		c.setLost()
 		return
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		c.mu.Lock()
-		c.lost = true
-		c.mu.Unlock()
+		c.setLost()
 		return
 	}
 	c.mu.Lock()
 	c.changed[st.Ino] = true
-	if own {
-		c.seen[key] = true
-	}
 	c.mu.Unlock()
-	if !own && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		// Known changed until the next Mark: no more of its events.
-		if unix.FanotifyMark(s.notify, unix.FAN_MARK_REMOVE|unix.FAN_MARK_INODE, dirMask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd)) != nil {
-			// Already removed (an event of it still queued).
-			return
-		}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		// Known changed until the next Mark: no more of its events. It
+		// may be gone already (an event of it still queued).
+		unix.FanotifyMark(s.notify, unix.FAN_MARK_REMOVE|unix.FAN_MARK_INODE, dirMask, unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd))
 	}
+}
+
+// setLost makes every directory count as changed until the next Mark.
+func (c *dirChanges) setLost() {
+	c.mu.Lock()
+	c.lost = true
+	c.mu.Unlock()
 }
 
 // Clean returns what says whether a directory (by inode) is unchanged

@@ -528,16 +528,15 @@ func (s *Server) notifyEvent(m *unix.FanotifyEventMetadata, info []byte) {
 	if m.Fd >= 0 {
 		unix.Close(int(m.Fd))
 	}
-	own := m.Pid == s.self && m.Mask&unix.FAN_Q_OVERFLOW == 0
 	if m.Mask&unix.FAN_Q_OVERFLOW != 0 {
-		s.dirs.mu.Lock()
-		s.dirs.lost = true
-		s.dirs.mu.Unlock()
+		s.dirs.setLost()
+	} else if m.Pid == s.self {
+		return // the daemon's own: a fetch, a lease
 	} else {
-		s.noteChange(info, own)
+		s.noteChange(info)
 	}
-	if s.counted || own {
-		return // counted, or the daemon's own: a fetch, a lease
+	if s.counted {
+		return
 	}
 	s.counted = true
 	s.changes.Add(1)
@@ -590,7 +589,11 @@ func (s *Server) Changes() int64 { return s.changes.Load() }
 
 // Touch counts a change the daemon made itself through the mount (a tool
 // call), which the change marks leave out as the daemon's own.
-func (s *Server) Touch() { s.changes.Add(1) }
+// Which directories it changed is not known: all count as changed.
+func (s *Server) Touch() {
+	s.changes.Add(1)
+	s.dirs.setLost()
+}
 
 // Mark marks every directory again and returns the count a save starts
 // from: every change after it is seen. A directory that cannot be marked

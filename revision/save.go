@@ -252,13 +252,14 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 		return entry, nil, up, err
 	}
 	held := w.opts.Freeze != nil
-	entries, skipped, virtual, listings, err := snapshotAgain(dir, sel, prep, held, nil, nil)
+	first, err := snapshotWith(dir, sel, walkOpts{prep: prep, record: held})
 	if err != nil {
 		return entry, nil, up, err
 	}
+	entries, skipped, virtual := first.entries, first.skipped, first.virtual
 	var staged *staging
 	if held {
-		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, entries, skipped, virtual, listings); err != nil {
+		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, first); err != nil {
 			return entry, nil, up, err
 		}
 		defer staged.remove()

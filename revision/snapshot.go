@@ -39,45 +39,152 @@ func Snapshot(dir string, s format.Selection) (entries []format.TreeEntry, skipp
 // made yet (a lazily restored directory's, listed from its revision),
 // which are listed as if they were there, and returned in virtual too.
 func snapshot(dir string, s format.Selection, prep func(rel string) ([]format.TreeEntry, error)) (entries []format.TreeEntry, skipped []string, virtual map[string]bool, err error) {
-	entries, skipped, virtual, _, err = snapshotAgain(dir, s, prep, false, nil, nil)
-	return entries, skipped, virtual, err
+	r, err := snapshotWith(dir, s, walkOpts{prep: prep})
+	return r.entries, r.skipped, r.virtual, err
 }
 
-// snapshotAgain is snapshot, with record recording each directory's
-// listing, which it returns. Given the listings of an earlier snapshot (prev) and which
-// directories have not changed since it began (clean), it lists again
-// only the others: a clean directory's entries are as it listed them
-// (but for files of more than one link, which may have changed through
-// another; the stat data of its subdirectories, which its parent's
-// listing gives, is read again).
-func snapshotAgain(dir string, s format.Selection, prep func(rel string) ([]format.TreeEntry, error), record bool, prev map[string]*dirListing, clean func(uint64) bool) (entries []format.TreeEntry, skipped []string, virtual map[string]bool, listings map[string]*dirListing, err error) {
+// walkOpts are a snapshot's options beyond the selection.
+type walkOpts struct {
+	// prep, if not nil, is called for each directory before it is
+	// listed: it returns the files the directory holds that are not made
+	// yet (a lazily restored directory's, listed from its revision),
+	// which are listed as if they were there, and in virtual too.
+	prep func(rel string) ([]format.TreeEntry, error)
+	// record records each directory's listing (snapResult.listings).
+	record bool
+	// Given the listings of an earlier snapshot (prev) and which
+	// directories have not changed since it began (clean), only the
+	// others are listed again: a clean directory's entries are as it
+	// listed them (but for files of more than one link, which may have
+	// changed through another; the stat data of its subdirectories,
+	// which its parent's listing gives, is read again).
+	prev  map[string]*dirListing
+	clean func(uint64) bool
+	// unsorted leaves the entries in the order found (sortSnapshot
+	// sorts them later), for a snapshot taken while writers wait.
+	unsorted bool
+}
+
+// snapResult is what a snapshot found.
+type snapResult struct {
+	entries  []format.TreeEntry
+	skipped  []string
+	virtual  map[string]bool
+	listings map[string]*dirListing // with walkOpts.record
+	// fresh are the entries of the directories listed (not reused from
+	// walkOpts.prev), as found.
+	fresh []format.TreeEntry
+}
+
+// snapshotWith is snapshot with o.
+func snapshotWith(dir string, s format.Selection, o walkOpts) (snapResult, error) {
 	t, err := openTree(dir)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return snapResult{}, err
 	}
 	defer t.Close()
-	w := walker{root: t, sel: s, slots: make(chan struct{}, snapshotWorkers-1), prep: prep, virtual: map[string]bool{}}
-	if record {
+	w := walker{root: t, sel: s, slots: make(chan struct{}, snapshotWorkers-1), prep: o.prep, virtual: map[string]bool{}}
+	if o.record {
 		w.rec = map[string]*dirListing{}
 	}
-	if clean != nil {
-		w.prev, w.clean = prev, clean
+	if o.clean != nil {
+		w.prev, w.clean = o.prev, o.clean
+		n := 0
+		for _, l := range o.prev {
+			n += len(l.kids) + 1
+		}
+		w.out = make([]format.TreeEntry, 0, n)
+		w.whole = wholeDirs(o.prev, o.clean)
 	}
 	if _, err := w.walk("", nil, false); err != nil {
-		return nil, nil, nil, nil, err
+		return snapResult{}, err
 	}
-	// Directories are walked at once: the order found is not the order
-	// given.
-	sort.Strings(w.bad)
-	sort.Strings(w.skipped)
 	if n := len(w.bad); n > 0 {
+		sort.Strings(w.bad)
 		if n > 20 {
 			w.bad = append(w.bad[:20], fmt.Sprintf("and %d more", n-20))
 		}
-		return nil, nil, nil, nil, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
+		return snapResult{}, amlerr.New(amlerr.UnsupportedEntry, w.root.dir, "%d entries a revision cannot hold (exclude them): %s", n, strings.Join(w.bad, "; "))
 	}
-	format.SortEntries(w.out)
-	return w.out, w.skipped, w.virtual, w.rec, nil
+	r := snapResult{entries: w.out, skipped: w.skipped, virtual: w.virtual, listings: w.rec, fresh: w.fresh}
+	if !o.unsorted {
+		sortSnapshot(r)
+	}
+	return r, nil
+}
+
+// wholeDirs finds the directories of prev that clean vouches for, with
+// every directory below them, and none of them volatile.
+func wholeDirs(prev map[string]*dirListing, clean func(uint64) bool) map[string]bool {
+	memo := make(map[string]bool, len(prev))
+	var whole func(rel string) bool
+	whole = func(rel string) bool {
+		if v, ok := memo[rel]; ok {
+			return v
+		}
+		l := prev[rel]
+		ok := l != nil && !l.volatile && clean(l.ino)
+		for _, de := range l.ents {
+			if !ok {
+				break
+			}
+			if c := subPath(rel, de.Name()); de.IsDir() && prev[c] != nil {
+				ok = whole(c)
+			}
+		}
+		memo[rel] = ok
+		return ok
+	}
+	for rel := range prev {
+		whole(rel)
+	}
+	return memo
+}
+
+func subPath(rel, name string) string {
+	if rel == "" {
+		return name
+	}
+	return rel + "/" + name
+}
+
+// addWhole adds the entries of directory rel and of everything below it
+// as prev listed them, its own entry among them.
+func (w *walker) addWhole(rel string) {
+	var out []format.TreeEntry
+	var special []string
+	var collect func(rel string, l *dirListing)
+	collect = func(rel string, l *dirListing) {
+		for name, k := range l.kids {
+			switch k.kind {
+			case kidEntry:
+				out = append(out, k.entry)
+			case kidSpecial:
+				special = append(special, subPath(rel, name))
+			}
+		}
+		for _, de := range l.ents {
+			if c := subPath(rel, de.Name()); de.IsDir() && w.prev[c] != nil {
+				collect(c, w.prev[c])
+			}
+		}
+		if l.self != nil {
+			out = append(out, *l.self)
+		}
+	}
+	collect(rel, w.prev[rel])
+	w.mu.Lock()
+	w.out = append(w.out, out...)
+	w.skipped = append(w.skipped, special...)
+	w.mu.Unlock()
+}
+
+// sortSnapshot puts r's entries in a snapshot's order, and its special
+// files by path: directories are walked at once, so the order found is
+// not the order given.
+func sortSnapshot(r snapResult) {
+	sort.Strings(r.skipped)
+	format.SortEntries(r.entries)
 }
 
 // dirListing is what a snapshot listed of one directory.
@@ -85,6 +192,13 @@ type dirListing struct {
 	ino  uint64
 	ents []os.DirEntry
 	kids map[string]listedKid // what it made of each selected non-directory, by name
+	// self is the entry its parent added for it (nil: none), and found
+	// whether it selected anything below it; volatile, that it held
+	// files not made yet or of more than one link, which a later
+	// snapshot lists again.
+	self     *format.TreeEntry
+	found    bool
+	volatile bool
 }
 
 // listedKid is what a snapshot made of one selected non-directory.
@@ -127,10 +241,14 @@ type walker struct {
 	bad     []string // what no revision can hold, with why
 	virtual map[string]bool
 	rec     map[string]*dirListing // each directory's listing, by path
+	fresh   []format.TreeEntry     // the entries of the directories listed, not reused
 	// prev and clean, if set: a directory listed in prev that clean says
 	// is unchanged since is not listed again.
 	prev  map[string]*dirListing
 	clean func(uint64) bool
+	// whole: the directories of prev whose every directory below is
+	// clean too, and none volatile: taken whole from prev, unopened.
+	whole map[string]bool
 }
 
 // snapshotWorkers is how many directories a snapshot lists at once: a
@@ -202,7 +320,8 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 		w.mu.Unlock()
 	}
 	var any atomic.Bool
-	var subs errgroup.Group // subdirectories walked on other walkers
+	var local []format.TreeEntry // this directory's files and symlinks, added at once
+	var subs errgroup.Group      // subdirectories walked on other walkers
 	var firstErr error      // the first error met on this one
 	fail := func(err error) {
 		if firstErr == nil {
@@ -228,6 +347,14 @@ entries:
 			}
 			name := de.Name()
 			sub := func() error {
+				if l := w.prev[p]; l != nil && w.whole[p] && (reuse != nil || sameDir(dfd, name, l.ino)) {
+					// Nothing changed below it: as listed before.
+					w.addWhole(p)
+					if l.self != nil {
+						any.Store(true)
+					}
+					return nil
+				}
 				found, err := w.walk(p, patterns, ign)
 				if err != nil || !(selected || found) {
 					return err
@@ -242,7 +369,15 @@ entries:
 				if why := unsavableName(p); why != "" {
 					w.refuse(fmt.Sprintf("%q: %s", p, why))
 				}
-				w.add(format.TreeEntry{Path: p, Type: format.TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, false)})
+				self := format.TreeEntry{Path: p, Type: format.TypeDir, Mode: uint32(fi.Mode().Perm()), Mtime: format.MtimeOf(fi.ModTime()), Stat: statOf(fi, false)}
+				w.add(self)
+				if w.rec != nil {
+					w.mu.Lock()
+					if l := w.rec[p]; l != nil {
+						l.self = &self
+					}
+					w.mu.Unlock()
+				}
 				any.Store(true)
 				return nil
 			}
@@ -270,13 +405,19 @@ entries:
 				fail(err)
 				break entries
 			}
+			if kid.kind == kidEntry && w.prev != nil {
+				w.mu.Lock()
+				w.fresh = append(w.fresh, kid.entry)
+				w.mu.Unlock()
+			}
 		}
 		if listing != nil {
 			listing.kids[de.Name()] = kid
+			listing.volatile = listing.volatile || kid.multi
 		}
 		switch kid.kind {
 		case kidEntry:
-			w.add(kid.entry)
+			local = append(local, kid.entry)
 			any.Store(true)
 		case kidSpecial:
 			w.mu.Lock()
@@ -286,13 +427,33 @@ entries:
 			w.refuse(kid.why)
 		}
 	}
+	if len(local) > 0 {
+		w.mu.Lock()
+		w.out = append(w.out, local...)
+		w.mu.Unlock()
+	}
+	if listing != nil && len(notMade) > 0 {
+		listing.volatile = true
+	}
 	if firstErr == nil && w.addNotMade(rel, notMade, ents, domain, matcher, ignored) {
 		any.Store(true)
 	}
 	if err := subs.Wait(); firstErr == nil {
 		firstErr = err
 	}
+	if listing != nil {
+		w.mu.Lock()
+		listing.found = any.Load()
+		w.mu.Unlock()
+	}
 	return any.Load(), firstErr
+}
+
+// sameDir reports whether name, in the directory open as dfd, is still
+// the directory of inode ino.
+func sameDir(dfd int, name string, ino uint64) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Ino == ino
 }
 
 // kid returns what l made of its non-directory name, unless l is nil or

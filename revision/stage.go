@@ -29,7 +29,7 @@ type staging struct {
 	dir   string
 	files map[string]stagedFile
 	gone  map[string]bool // files removed or replaced before the hold
-	took  time.Duration   // how long the writers were held
+	n     int             // the next copy's name
 }
 
 // stagedFile is one copy, and the stamp of the working-tree file it was
@@ -66,16 +66,11 @@ func (s *staging) remove() {
 	}
 }
 
-// stageWorkers is how many files are copied at once while the writers
-// are held.
+// stageWorkers is how many files are copied at once.
 const stageWorkers = 4
 
-// stage copies to staging each file of entries the save has to read
-// (neither listed from the revision, virtual, nor unchanged since base),
-// fetching a placeholder's bytes first. It runs while the writers are
-// held: a file changes only if something outside them writes it, and is
-// then read as ReadStable does.
-func (w *Workspace) stage(ctx context.Context, t *tree, dir string, entries []format.TreeEntry, virtual map[string]bool, base *baseTree, src *Workspace) (*staging, error) {
+// newStaging makes the staging directory, empty.
+func (w *Workspace) newStaging() (*staging, error) {
 	root := w.opts.StageDir
 	if root == "" {
 		root = os.TempDir()
@@ -87,19 +82,37 @@ func (w *Workspace) stage(ctx context.Context, t *tree, dir string, entries []fo
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
 		return nil, err
 	}
+	return s, nil
+}
+
+// stage copies to s each file of entries the save has to read (neither
+// listed from the revision, virtual, nor unchanged since base), fetching
+// a placeholder's bytes first, unless s has a copy of it as it is (same
+// stamp). A file unchanged since base after all drops its copy.
+func (w *Workspace) stage(ctx context.Context, t *tree, s *staging, dir string, entries []format.TreeEntry, virtual map[string]bool, base *baseTree, src *Workspace) error {
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(stageWorkers)
-	n := 0
 	for _, te := range entries {
 		if te.Type != format.TypeFile || virtual[te.Path] {
 			continue
 		}
-		if _, ok := base.reusableAs(dir, te.Path, stampOf(te)); ok {
+		stp := stampOf(te)
+		_, reuse := base.reusableAs(dir, te.Path, stp)
+		mu.Lock()
+		sf, had := s.files[te.Path]
+		if !reuse && had && sf.stamp == stp {
+			mu.Unlock()
 			continue
 		}
-		name := strconv.Itoa(n)
-		n++
+		delete(s.files, te.Path)
+		delete(s.gone, te.Path)
+		mu.Unlock()
+		if reuse {
+			continue
+		}
+		name := strconv.Itoa(s.n)
+		s.n++
 		g.Go(func() error {
 			if err := src.ensure(gctx, te.Path); err != nil {
 				return err
@@ -124,11 +137,7 @@ func (w *Workspace) stage(ctx context.Context, t *tree, dir string, entries []fo
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		s.remove()
-		return nil, err
-	}
-	return s, nil
+	return g.Wait()
 }
 
 // copyStaged copies the working-tree file rel of t to the new file to,
@@ -174,33 +183,58 @@ func copyStaged(t *tree, rel, to string) (stagedFile, bool, error) {
 	return stagedFile{stamp: st}, false, err
 }
 
-// readHeld is the second reading of a save with Options.Freeze: it holds
-// the writers, reads again what changed since the first reading (whose
-// results it is given, and returns when the writers cannot be held),
-// stages the files to upload, and lets the writers go.
+// readHeld is the rest of the reading of a save with Options.Freeze, given
+// its first reading, taken while the writers ran (with its listings): it
+// copies what that reading must upload to staging, then holds the writers,
+// reads again the directories that changed since the save began (all,
+// when that is not known), copies the files that changed since their
+// copy, and lets the writers go. The writers wait only for the second
+// reading and its copies, however large the tree. Without a hold (the
+// writers could not be held), it returns the first reading, and no
+// staging: the upload reads the tree as without.
 func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selection, prep func(string) ([]format.TreeEntry, error), base *baseTree, src *Workspace,
-	entries []format.TreeEntry, skipped []string, virtual map[string]bool, listings map[string]*dirListing) (*staging, []format.TreeEntry, []string, map[string]bool, error) {
+	first snapResult) (*staging, []format.TreeEntry, []string, map[string]bool, error) {
 	t, err := openTree(dir)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
 	defer t.Close()
+	s, err := w.newStaging()
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.remove()
+		}
+	}()
+	if err := w.stage(ctx, t, s, dir, first.entries, first.virtual, base, src); err != nil {
+		return nil, nil, nil, nil, err
+	}
 	start := time.Now()
 	clean, thaw, err := w.opts.Freeze(ctx)
 	if err != nil {
 		w.log.Warn("could not hold the writers; the save reads the tree as it changes", "op", "save", "err", err)
-		return nil, entries, skipped, virtual, nil
+		return nil, first.entries, first.skipped, first.virtual, nil
 	}
 	defer thaw()
-	if entries, skipped, virtual, _, err = snapshotAgain(dir, sel, prep, false, listings, clean); err != nil {
-		return nil, nil, nil, nil, err
-	}
-	s, err := w.stage(ctx, t, dir, entries, virtual, base, src)
+	r, err := snapshotWith(dir, sel, walkOpts{prep: prep, prev: first.listings, clean: clean, unsorted: true})
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
+	// Only a file listed again may have changed since its copy.
+	check := r.fresh
+	if clean == nil {
+		check = r.entries
+	}
+	if err := w.stage(ctx, t, s, dir, check, r.virtual, base, src); err != nil {
+		return nil, nil, nil, nil, err
+	}
 	thaw()
-	s.took = time.Since(start)
-	w.log.Debug("read the tree with its writers held", "op", "save", "held_seconds", s.took.Seconds(), "staged", len(s.files), "changed_only", clean != nil)
-	return s, entries, skipped, virtual, nil
+	took := time.Since(start)
+	sortSnapshot(r)
+	w.log.Debug("read the tree with its writers held", "op", "save", "held_seconds", took.Seconds(), "listed_again", len(check), "staged", len(s.files), "changed_only", clean != nil)
+	ok = true
+	return s, r.entries, r.skipped, r.virtual, nil
 }

@@ -19,11 +19,16 @@ import (
 // made and one removed between the first reading and the hold are saved
 // as at the hold; a file rewritten, one made and one removed after the
 // thaw, as before it. Nothing is left in the staging directory. In both
-// formats, on both stores.
+// formats, on both stores; with the hold knowing which directories
+// changed (natively) and not (through FUSE).
 func TestHeldSaveIsTheTreeWhenHeld(t *testing.T) {
 	forStores(t, func(t *testing.T, sk string) {
-		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
-			t.Run(kind, func(t *testing.T) {
+		for _, tc := range []struct {
+			kind  string
+			known bool
+		}{{format.FormatFolder, false}, {format.FormatArchive, false}, {format.FormatFolder, true}, {format.FormatArchive, true}} {
+			kind := tc.kind
+			t.Run(fmt.Sprintf("%s/known=%v", kind, tc.known), func(t *testing.T) {
 				ctx := context.Background()
 				base, src, stage := newBase(t, sk), t.TempDir(), t.TempDir()
 				writeTree(t, src, map[string]string{"a/kept": "k", "a/changed": "v1", "b/gone": "g", "b/after-gone": "ag", "c/rewritten": "r1"})
@@ -36,7 +41,16 @@ func TestHeldSaveIsTheTreeWhenHeld(t *testing.T) {
 					// Between the first reading and the hold.
 					writeTree(t, src, map[string]string{"a/changed": "v2-at-hold", "a/new": "n", "c/rewritten": "r2-at-hold"})
 					os.Remove(filepath.Join(src, "b/gone"))
-					return nil, func() {
+					var clean func(uint64) bool
+					if tc.known {
+						changed := map[uint64]bool{}
+						for _, d := range []string{"a", "b", "c"} {
+							fi, _ := os.Stat(filepath.Join(src, d))
+							changed[fi.Sys().(*syscall.Stat_t).Ino] = true
+						}
+						clean = func(ino uint64) bool { return !changed[ino] }
+					}
+					return clean, func() {
 						if thawed++; thawed > 1 {
 							return
 						}
@@ -104,18 +118,18 @@ func checkRevision(t *testing.T, base testBase, id, rev string, want map[string]
 }
 
 // TestSnapshotAgainListsOnlyChanged: a second reading lists again only
-// the directories clean does not vouch for. A change in a directory it
-// vouches for is not seen (the proof that it is not listed again), but
-// for a file of more than one link, stated again; the others' changes,
-// a directory moved into one of them, and one removed from a clean one,
-// are.
+// the directories clean does not vouch for, and takes a subtree it
+// vouches for whole. A change in a directory it vouches for is not seen
+// (the proof that it is not listed again), but for a file of more than
+// one link, stated again; the others' changes, a directory moved into
+// one of them, and one removed, are.
 func TestSnapshotAgainListsOnlyChanged(t *testing.T) {
 	dir := t.TempDir()
 	writeTree(t, dir, map[string]string{"a/f": "1", "a/b/g": "2", "c/h": "3", "a/linked": "4", "d/moved/m": "5", "e/gone/x": "6"})
 	if err := os.Link(filepath.Join(dir, "a/linked"), filepath.Join(dir, "c/link")); err != nil {
 		t.Fatal(err)
 	}
-	_, _, _, prev, err := snapshotAgain(dir, format.Selection{}, nil, true, nil, nil)
+	first, err := snapshotWith(dir, format.Selection{}, walkOpts{record: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +145,14 @@ func TestSnapshotAgainListsOnlyChanged(t *testing.T) {
 		}
 		return fi.Sys().(*syscall.Stat_t).Ino
 	}
-	changed := map[uint64]bool{inoOf("c"): true, inoOf("d"): true}
+	changed := map[uint64]bool{inoOf("c"): true, inoOf("d"): true, inoOf("e"): true}
 	sizes := func(clean func(uint64) bool) map[string]int64 {
-		entries, _, _, _, err := snapshotAgain(dir, format.Selection{}, nil, false, prev, clean)
+		r, err := snapshotWith(dir, format.Selection{}, walkOpts{prev: first.listings, clean: clean})
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := map[string]int64{}
-		for _, e := range entries {
+		for _, e := range r.entries {
 			if e.Type == format.TypeFile {
 				got[e.Path] = e.Size
 			}
@@ -148,7 +162,7 @@ func TestSnapshotAgainListsOnlyChanged(t *testing.T) {
 	got := sizes(func(ino uint64) bool { return !changed[ino] })
 	want := map[string]int64{"a/f": 1, "a/b/g": 1, "a/linked": 9, "c/h": 1, "c/link": 9, "c/new": 1, "c/moved/m": 1}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("with c and d changed: %v, want %v", got, want)
+		t.Errorf("with c, d and e changed: %v, want %v", got, want)
 	}
 	// Without clean, every directory is listed again.
 	got = sizes(nil)
