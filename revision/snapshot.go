@@ -322,7 +322,7 @@ func (w *walker) walk(rel string, patterns []gitignore.Pattern, ignored bool) (b
 	var any atomic.Bool
 	var local []format.TreeEntry // this directory's files and symlinks, added at once
 	var subs errgroup.Group      // subdirectories walked on other walkers
-	var firstErr error      // the first error met on this one
+	var firstErr error           // the first error met on this one
 	fail := func(err error) {
 		if firstErr == nil {
 			firstErr = err
