@@ -136,19 +136,25 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 			changed = w.opts.Watch()
 		}
 		var err error
-		entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src)
+		entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src, changed)
 		if errors.Is(err, format.ErrArchiveTooLarge) && w.autoFormat && w.opts.Format == format.FormatArchive {
 			// The format was amlfs's choice: a tree too large for an
 			// archive is saved as a folder, whose files have no such
 			// bound, and stays one.
 			w.log.Warn("the tree is over --max-archive-bytes as an archive: saving it as a folder revision from now on", "op", "save", "err", err)
 			w.opts.Format = format.FormatFolder
-			entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src)
+			entry, skipped, up, err = w.readTree(ctx, dir, sel, revID, src, nil)
 		}
 		if amlerr.Code(err) == amlerr.RevisionIDConflict {
 			return SaveResult{}, err
 		} else if err != nil {
 			return fail(err)
+		}
+		if up.attempts > 0 {
+			// Read, as often as it took, into staging, then uploaded
+			// once (readWatched).
+			attempt, unsettled = up.attempts, up.unsettled
+			break
 		}
 		if changed == nil || up.held || !changed() {
 			break
@@ -240,7 +246,11 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 // readTree is steps 1 to 3 of a save: 1. snapshot (of the whole tree:
 // lazily restored directories get their placeholders first), 2. limits,
 // 3. upload the artifact of revision revID. Must hold w.mu.
-func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace) (entry format.Entry, skipped []string, up uploadStats, err error) {
+//
+// changed, if not nil, is the watch of Options.Watch the reading began
+// under: the tree is read into staging until a reading sees no change
+// (readWatched), and the attempts are reported in up.
+func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selection, revID string, src *Workspace, changed func() bool) (entry format.Entry, skipped []string, up uploadStats, err error) {
 	// A lazily restored directory's files not made yet are listed from
 	// the revision where they can be (virtual.go); the rest are made.
 	base, _ := w.reusableBase(src)
@@ -258,12 +268,19 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	}
 	entries, skipped, virtual := first.entries, first.skipped, first.virtual
 	var staged *staging
-	if held {
+	var attempts int
+	var unsettled bool
+	switch {
+	case held:
 		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, first); err != nil {
 			return entry, nil, up, err
 		}
-		defer staged.remove()
+	case changed != nil && w.stageable(dir, first, base):
+		if staged, entries, skipped, virtual, attempts, unsettled, err = w.readWatched(ctx, dir, sel, prep, base, src, first, changed); err != nil {
+			return entry, nil, up, err
+		}
 	}
+	defer staged.remove()
 	if len(skipped) > 0 && w.opts.StrictEntries {
 		return entry, nil, up, SpecialFilesError(skipped)
 	}
@@ -284,6 +301,7 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	up, err = w.upload(ctx, dir, entry, entries, virtual, prog, src, staged)
 	up.listed = ps.listed()
 	up.held = staged != nil
+	up.attempts, up.unsettled = attempts, unsettled
 	prog.finish()
 	if errors.Is(err, store.ErrExist) {
 		err = amlerr.New(amlerr.RevisionIDConflict, revID, "an artifact for this revision id already exists in %s", w.store)
@@ -305,6 +323,10 @@ type uploadStats struct {
 	// held: the tree was read while its writers were held (staging):
 	// it is the tree at one instant, to read no second time.
 	held bool
+	// attempts, if not 0, is how many times readWatched read the tree;
+	// unsettled, that it changed during each.
+	attempts  int
+	unsettled bool
 }
 
 // upload writes the artifact. For a folder revision, a file unchanged since

@@ -238,3 +238,70 @@ func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selecti
 	ok = true
 	return s, r.entries, r.skipped, r.virtual, nil
 }
+
+// maxWatchedStage bounds the bytes a watched reading copies to staging
+// (readWatched); a larger change (a first save of a large tree, say) is
+// uploaded as it is read, and read again whole if it changed meanwhile.
+const maxWatchedStage = 1 << 30
+
+// stageable reports whether the files the reading r must upload are few
+// enough to copy to staging first.
+func (w *Workspace) stageable(dir string, r snapResult, base *baseTree) bool {
+	var n int64
+	for _, te := range r.entries {
+		if te.Type != format.TypeFile || r.virtual[te.Path] {
+			continue
+		}
+		if _, ok := base.reusableAs(dir, te.Path, stampOf(te)); !ok {
+			if n += te.Size; n > maxWatchedStage {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// readWatched is the reading of a save whose writers cannot be held, but
+// whose changes are watched (Options.Watch), given its first snapshot
+// and the watch it began under: it copies the files to upload to
+// staging, and if the tree changed meanwhile, reads it again, up to
+// SaveAttempts times in all, copying only the files changed since their
+// copy. The upload then reads the copies, once: a tree that keeps
+// changing costs local copies of what changed, not uploads. After the
+// last attempt, each file is its bytes at one instant, the tree is not
+// (unsettled).
+func (w *Workspace) readWatched(ctx context.Context, dir string, sel format.Selection, prep func(string) ([]format.TreeEntry, error), base *baseTree, src *Workspace,
+	r snapResult, changed func() bool) (s *staging, entries []format.TreeEntry, skipped []string, virtual map[string]bool, attempts int, unsettled bool, err error) {
+	t, err := openTree(dir)
+	if err != nil {
+		return nil, nil, nil, nil, 0, false, err
+	}
+	defer t.Close()
+	if s, err = w.newStaging(); err != nil {
+		return nil, nil, nil, nil, 0, false, err
+	}
+	defer func() {
+		if err != nil {
+			s.remove()
+		}
+	}()
+	for attempts = 1; ; attempts++ {
+		if err := w.stage(ctx, t, s, dir, r.entries, r.virtual, base, src); err != nil {
+			return nil, nil, nil, nil, 0, false, err
+		}
+		if !changed() {
+			break
+		}
+		if attempts == SaveAttempts {
+			unsettled = true
+			w.log.Warn("the tree changed during every attempt of the save: each file is saved as its bytes at one instant, the tree is not one instant", "op", "save", "attempts", attempts)
+			break
+		}
+		w.log.Info("the tree changed while the save read it; reading it again", "op", "save", "attempt", attempts)
+		changed = w.opts.Watch()
+		if r, err = snapshotWith(dir, sel, walkOpts{prep: prep}); err != nil {
+			return nil, nil, nil, nil, 0, false, err
+		}
+	}
+	return s, r.entries, r.skipped, r.virtual, attempts, unsettled, nil
+}

@@ -12,7 +12,8 @@ import (
 // A tree that cannot be frozen (Options.Watch) is read again while it
 // changes under the save, and the published revision is the first tree
 // read with nothing changing; a tree that keeps changing is published
-// after SaveAttempts attempts, marked Unsettled.
+// after SaveAttempts attempts, marked Unsettled. The readings go to local
+// staging: the store sees one upload.
 func TestSaveWatch(t *testing.T) {
 	forStores(t, func(t *testing.T, sk string) {
 		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
@@ -51,9 +52,24 @@ func TestSaveWatch(t *testing.T) {
 							return true
 						}
 					}})
+					// However often it reads the tree, the save uploads
+					// it once: its readings are copied locally.
+					commits := 0
+					if base.mem != nil {
+						base.mem.Fail(func(op, key string) error {
+							if op == "commit" {
+								commits++
+							}
+							return nil
+						})
+						defer base.mem.Fail(nil)
+					}
 					res, err := w.Save(ctx, src, format.Selection{}, "rev-1")
 					if err != nil {
 						t.Fatal(err)
+					}
+					if base.mem != nil && commits != 1 {
+						t.Errorf("the artifact was uploaded %d times, want once", commits)
 					}
 					if res.Attempts != tc.attempts || res.Unsettled != tc.unsettled || calls != tc.attempts {
 						t.Fatalf("attempts %d (watch called %d times), unsettled %v; want %d, %v", res.Attempts, calls, res.Unsettled, tc.attempts, tc.unsettled)
