@@ -98,6 +98,7 @@ type FS struct {
 	// side while it snapshots, so it sees a tree no FUSE call is changing.
 	barrier sync.RWMutex
 	changes atomic.Int64 // mutations served since mount
+	dirs    dirChanges   // the directories changed since the last Mark
 	content Content
 
 	liveMu    sync.Mutex
@@ -143,7 +144,7 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 	// changes itself. go-fuse would leave a SETATTR reply's time at 0,
 	// which makes the kernel ask again right after every chmod.
 	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown,
-		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }})
+		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }, Writers: f.dirs.writers})
 	if err != nil {
 		return nil, err
 	}
@@ -353,9 +354,9 @@ func (f *FS) Passthrough() bool {
 // Changes returns the number of mutating operations served so far.
 func (f *FS) Changes() int64 { return f.changes.Load() }
 
-// Clean is nil: through FUSE, which directories changed is not kept, so
-// a held save reads every directory again.
-func (f *FS) Clean() func(ino uint64) bool { return nil }
+// Clean says which directories (by backing inode) are unchanged since
+// the last Mark (dirs.go); nil when that is not known.
+func (f *FS) Clean() func(ino uint64) bool { return f.dirs.clean() }
 
 // Freeze blocks new mutations through FUSE until the returned function is
 // called. Writes the kernel passes straight to the backing file
@@ -376,6 +377,16 @@ func (f *FS) Touch() {}
 func (f *FS) Hold() (release func()) {
 	f.barrier.RLock()
 	f.changes.Add(1)
+	f.dirs.lose() // which directories is not known
+	return f.barrier.RUnlock
+}
+
+// hold is Hold for a change through the mount in the directories dirs
+// (backing inodes; 0: not known).
+func (f *FS) hold(dirs ...uint64) (release func()) {
+	f.barrier.RLock()
+	f.changes.Add(1)
+	f.dirs.touch(dirs...)
 	return f.barrier.RUnlock
 }
 
@@ -397,7 +408,10 @@ func (f *FS) Changed(rel string) {
 
 // Mark is the count a save starts from: Changes, since FUSE sees every
 // change as it is made.
-func (f *FS) Mark() int64 { return f.Changes() }
+func (f *FS) Mark() int64 {
+	f.dirs.mark()
+	return f.Changes()
+}
 
 // Close is a no-op: Unmount ends the FUSE session.
 func (f *FS) Close() {}

@@ -22,8 +22,21 @@ type node struct {
 	fs *FS
 }
 
-// mutate runs a change under the barrier's read side and records it.
-func (n *node) mutate() func() { return n.fs.Hold() }
+// mutate runs a change under the barrier's read side and records it, as
+// a change of n if it is a directory, else of its directory; and of the
+// directories also given.
+func (n *node) mutate(also ...*node) func() {
+	dirs := make([]uint64, 0, 1+len(also))
+	if n.IsDir() {
+		dirs = append(dirs, n.BackingIno())
+	} else if p := n.ParentIno(); p != 0 {
+		dirs = append(dirs, p)
+	} // else: in no directory (unlinked), a change of no listing
+	for _, a := range also {
+		dirs = append(dirs, a.BackingIno())
+	}
+	return n.fs.hold(dirs...)
+}
 
 const writeFlags = syscall.O_WRONLY | syscall.O_RDWR | syscall.O_TRUNC | syscall.O_APPEND
 
@@ -149,7 +162,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if errno := p.ensureChildDir(ctx, newName); errno != 0 {
 		return errno
 	}
-	defer n.mutate()()
+	defer n.mutate(p)()
 	return n.Node.Rename(ctx, name, p, newName, flags)
 }
 
@@ -400,7 +413,11 @@ func (n *node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size
 var _ = (gofs.NodeCopyFileRanger)((*node)(nil))
 
 func (n *node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn uint64, out *gofs.Inode, fhOut gofs.FileHandle, offOut uint64, len uint64, flags uint64) (uint32, syscall.Errno) {
-	defer n.mutate()()
+	if dst, ok := out.Operations().(*node); ok {
+		defer dst.mutate()()
+	} else {
+		defer n.mutate()()
+	}
 	return n.Node.CopyFileRange(ctx, fhIn, offIn, out, fhOut, offOut, len, flags)
 }
 

@@ -3,10 +3,14 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/amlfs/amlfs/revision/format"
 )
 
 // TestExecFreezesWriters: under amlfs exec the command runs in a cgroup of
@@ -102,4 +106,109 @@ kill $W; wait $W 2>/dev/null; exit 0`, out, writer, amlfsBin, mp)
 			}
 		})
 	}
+}
+
+// TestHeldSaveIsOneInstant: under amlfs exec, a checkpoint of a tree a
+// writer keeps changing in two directories at once is the tree at one
+// instant, though the writers are held only while the save reads again
+// the directories changed since it began. The writer makes a/fN, then
+// writes N to b/count (by rename): every revision with count N holds
+// a/f1 to a/fN, and at most a/fN+1 beside them. A directory whose
+// changes the daemon missed would be taken as the save first read it:
+// a/ from one instant, b/ from another. Through FUSE and natively.
+func TestHeldSaveIsOneInstant(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err != nil {
+		if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err != nil {
+			t.Skip("no cgroup v2 hierarchy")
+		}
+	}
+	for _, serve := range []string{"fuse", "native"} {
+		t.Run(serve, func(t *testing.T) {
+			e := newEnv(t)
+			if serve == "native" {
+				needNative(t, e)
+			}
+			mp := filepath.Join(e.root, "mnt-instant")
+			out := filepath.Join(e.root, "revs")
+			writer := `import os
+os.makedirs("a", exist_ok=True); os.makedirs("b", exist_ok=True)
+i = 0
+while True:
+    i += 1
+    open("a/f%d" % i, "w").close()
+    with open("b/count.tmp", "w") as f:
+        f.write(str(i))
+    os.rename("b/count.tmp", "b/count")
+`
+			script := fmt.Sprintf(`python3 -c '%[1]s' & W=$!
+sleep 0.5
+for n in 1 2 3 4; do %[2]s commit %[3]s >> %[4]s || exit 9; sleep 0.1; done
+kill $W; wait $W 2>/dev/null; exit 0`, writer, amlfsBin, mp, out)
+			args := append([]string{"exec"}, e.wsArgs("inst", "--serve", serve, "--retention", "5", "--max-entries", "1000000")...)
+			r := e.amlfs(append(args, mp, "--", "sh", "-c", script)...)
+			if isMounted(mp) {
+				e.forceUnmount(mp)
+			}
+			if r.code != 0 {
+				t.Fatalf("exec: %s", r)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			revs := strings.Fields(string(data))
+			if len(revs) != 4 {
+				t.Fatalf("commits printed %q", data)
+			}
+			for _, rev := range revs {
+				files := e.revisionFiles(t, "inst", rev)
+				n, err := strconv.Atoi(files["b/count"])
+				if err != nil {
+					t.Fatalf("revision %s: b/count = %q", rev, files["b/count"])
+				}
+				var missing, extra []string
+				for i := 1; i <= n; i++ {
+					if _, ok := files[fmt.Sprintf("a/f%d", i)]; !ok {
+						missing = append(missing, fmt.Sprint(i))
+					}
+				}
+				for p := range files {
+					if i, err := strconv.Atoi(strings.TrimPrefix(p, "a/f")); err == nil && i > n+1 {
+						extra = append(extra, p)
+					}
+				}
+				if len(missing)+len(extra) > 0 {
+					t.Errorf("revision %s is not one instant: count %d, a/ lacks %d files (%.10v), holds %d past %d (%.10v)", rev, n, len(missing), missing, len(extra), n+1, extra)
+				}
+			}
+		})
+	}
+}
+
+// revisionFiles reads every file of revision rev of workspace id (an
+// archive), straight from a file store.
+func (e *env) revisionFiles(t *testing.T, id, rev string) map[string]string {
+	t.Helper()
+	cur, ok := readIndex(t, e, id).Find(rev)
+	if !ok || cur.Format != format.FormatArchive {
+		t.Fatalf("no archive revision %s of %s", rev, id)
+	}
+	f, err := os.Open(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files := map[string]string{}
+	_, err = format.ReadArchive(f, cur.Path, format.DefaultLimits, func(te format.TreeEntry, r io.Reader) error {
+		if r != nil {
+			b, err := io.ReadAll(r)
+			files[te.Path] = string(b)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
 }

@@ -102,8 +102,8 @@ func (d *Daemon) CommitFork(ctx context.Context, newID, revID string) (SaveInfo,
 	})
 }
 
-// frozen runs a checkpoint (what: commit or fork) with every mutating FUSE
-// call held back and the phase "committing".
+// frozen runs a checkpoint (what: commit or fork) in the phase
+// "committing"; the save holds the writers itself (saveFreeze).
 func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, error) {
 	d.mu.Lock()
 	stopping := d.stopping
@@ -113,13 +113,6 @@ func (d *Daemon) frozen(what string, fn func() (SaveInfo, error)) (SaveInfo, err
 	}
 	if d.ws == nil {
 		return SaveInfo{}, invalid(d.cfg.Mountpoint, "mounted with --store none: there is no workspace to %s", what)
-	}
-	// With the writers' cgroup known, the save holds them itself, only
-	// while it reads what changed (saveFreeze). Without, through FUSE,
-	// every mutating call waits until the save is done.
-	if d.freezer == nil {
-		thaw := d.fs.Freeze()
-		defer thaw()
 	}
 	d.setPhase("committing")
 	defer func() {
@@ -332,18 +325,32 @@ func (s *SaveInfo) Note() string {
 		s.Revision, s.SpecialFilesSkipped, plural, strings.Join(s.SpecialFiles, ", "), more)
 }
 
-// saveFreeze is the workspace's Options.Freeze when the writers' cgroup
-// is known (--freeze-cgroup, amlfs exec): it freezes the cgroup, and
-// through FUSE holds every other mutating call back, until thawed.
+// saveFreeze is the workspace's Options.Freeze: a save holds the writers
+// only while it reads what changed since it began, then uploads from its
+// copies. With their cgroup known (--freeze-cgroup, amlfs exec) it freezes
+// the cgroup; through FUSE it also holds every mutating call back (the
+// barrier), which is enough without a cgroup. Served natively with no
+// cgroup, nothing can hold the writers: nil, and saves watch for changes
+// instead (saveWatch).
 func (d *Daemon) saveFreeze() func(context.Context) (func(uint64) bool, func(), error) {
-	if d.freezer == nil {
+	if d.freezer == nil && d.serve == ServeNative {
 		return nil
 	}
 	return func(ctx context.Context) (func(uint64) bool, func(), error) {
-		thaw, err := d.freezeWriters(ctx)
-		if err != nil {
-			return nil, nil, err
+		thaw := func() {}
+		if d.freezer != nil {
+			t, err := d.freezeWriters(ctx)
+			switch {
+			case err == nil:
+				thaw = t
+			case d.serve == ServeNative:
+				return nil, nil, err
+			default:
+				d.log.Warn("could not freeze the writers' cgroup; holding back only what reaches the mount", "op", "freeze", "err", err)
+			}
 		}
+		// The cgroup first: a process it holds must not be waiting on
+		// a FUSE call the barrier holds back.
 		thawFS := d.fs.Freeze()
 		var once sync.Once
 		return d.fs.Clean(), func() { once.Do(func() { thawFS(); thaw() }) }, nil

@@ -108,15 +108,8 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	if !req.noSave && d.cfg.Save != SaveNever {
 		d.setPhase("saving")
 		// After a lazy detach, open files may still be written through
-		// FUSE: hold mutations back while the snapshot is taken (with
-		// the writers' cgroup known, the save holds them itself, only
-		// while it reads: saveFreeze).
-		thaw := func() {}
-		if d.freezer == nil {
-			thaw = d.fs.Freeze()
-		}
+		// FUSE: the save holds them back while it reads (saveFreeze).
 		info, err := d.save(ctx, req.revision)
-		thaw()
 		if err != nil {
 			d.log.Error("save failed; the previous revision is still current, and the working tree is kept for recovery", "provider", "workspace", "op", "save", "path", d.workDir, "err", err)
 			if amlerr.Code(err) == "" {

@@ -23,17 +23,25 @@ type File struct {
 	*gofs.LoopbackFile
 	fd int
 	// writer is the backing inode this handle may write, counted in its
-	// writers until Release (nil for a read-only handle).
-	writer *backing
+	// writers until Release (nil for a read-only handle), opened in the
+	// directory of backing inode dir (Options.Writers).
+	writer  *backing
+	dir     uint64
+	writers func(dir uint64, delta int)
 }
 
-// newFile wraps the backing file fd, open with flags, of the inode b.
-func newFile(fd int, b *backing, flags uint32) *File {
+// newFile wraps the backing file fd, open with flags, of the inode b, in
+// the directory of backing inode dir (0: not known).
+func (r *Root) newFile(fd int, b *backing, flags uint32, dir uint64) *File {
 	lf := gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile)
 	f := &File{LoopbackFile: lf, fd: fd}
 	if flags&writeFlags != 0 || flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		f.writer = b
 		b.writers.Add(1)
+		if f.writers = r.opts.Writers; f.writers != nil {
+			f.dir = dir
+			f.writers(dir, 1)
+		}
 	}
 	return f
 }
@@ -46,6 +54,9 @@ func (f *File) Release(ctx context.Context) syscall.Errno {
 	if f.writer != nil {
 		f.writer.writers.Add(-1)
 		f.writer = nil
+		if f.writers != nil {
+			f.writers(f.dir, -1)
+		}
 	}
 	return errno
 }

@@ -45,7 +45,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		unix.Close(hfd)
 		return nil, nil, 0, errno
 	}
-	return ch, newFile(hfd, backingOf(ch), flags), 0, 0
+	return ch, n.root.newFile(hfd, backingOf(ch), flags, n.BackingIno()), 0, 0
 }
 
 // openExisting opens the existing regular file name for a CREATE without
@@ -295,7 +295,7 @@ func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse
 	}
 	b := backingOf(ch)
 	b.tmp.Store(true)
-	return ch, newFile(hfd, b, flags), 0, 0
+	return ch, n.root.newFile(hfd, b, flags, 0), 0, 0
 }
 
 var _ = (gofs.NodeOpendirHandler)((*Node)(nil))

@@ -40,6 +40,23 @@ func (n *Node) claim(b *backing) *ref {
 // loopback node of an InodeEmbedder.
 func (n *Node) Loopback() *Node { return n }
 
+// BackingIno is the inode number of the node's backing file.
+func (n *Node) BackingIno() uint64 { return n.r.Load().b.key.ino }
+
+// ParentIno is the backing inode number of the directory the node was
+// last found in (0 if none: unlinked, or the root). A file of several
+// links has one of them.
+func (n *Node) ParentIno() uint64 {
+	_, p := n.Parent()
+	if p == nil {
+		return 0
+	}
+	if l, ok := p.Operations().(interface{ Loopback() *Node }); ok {
+		return l.Loopback().BackingIno()
+	}
+	return 0
+}
+
 // Tree returns the tree the node belongs to.
 func (n *Node) Tree() *Root { return n.root }
 
@@ -329,7 +346,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			}
 		}
 	}
-	return newFile(hfd, n.r.Load().b, flags), 0, 0
+	return n.root.newFile(hfd, n.r.Load().b, flags, n.ParentIno()), 0, 0
 }
 
 var _ = (gofs.NodeCreater)((*Node)(nil))

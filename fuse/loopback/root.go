@@ -51,6 +51,12 @@ type Options struct {
 	// what its user adds (lazy restore and change tracking, or a watch).
 	// New returns the root unwrapped; its user wraps it the same way.
 	Wrap func(*Node) gofs.InodeEmbedder
+	// Writers, if set, is told of each handle that may write a file as
+	// it opens (delta 1) and as it is released (-1), with the backing
+	// inode of the directory it was opened in (0: not known, as for an
+	// O_TMPFILE file): with passthrough, or through a shared mapping,
+	// its writes may reach the file with no request in between.
+	Writers func(dir uint64, delta int)
 }
 
 // Shown maps a backing inode's number and ctime to the ones the mount
