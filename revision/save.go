@@ -269,12 +269,26 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	entries, skipped, virtual := first.entries, first.skipped, first.virtual
 	var staged *staging
 	var attempts int
-	var unsettled bool
+	var unsettled, heldWhole bool
 	switch {
-	case held:
+	case held && w.stageable(dir, first, base):
 		if staged, entries, skipped, virtual, err = w.readHeld(ctx, dir, sel, prep, base, src, first); err != nil {
 			return entry, nil, up, err
 		}
+	case held:
+		// Too much changed to copy first (a first save of a large
+		// tree): the writers are held until it is uploaded.
+		clean, thaw, ferr := w.opts.Freeze(ctx)
+		if ferr != nil {
+			w.log.Warn("could not hold the writers; the save reads the tree as it changes", "op", "save", "err", ferr)
+			break
+		}
+		defer thaw()
+		r, err := snapshotWith(dir, sel, walkOpts{prep: prep, prev: first.listings, clean: clean})
+		if err != nil {
+			return entry, nil, up, err
+		}
+		entries, skipped, virtual, heldWhole = r.entries, r.skipped, r.virtual, true
 	case changed != nil && w.stageable(dir, first, base):
 		if staged, entries, skipped, virtual, attempts, unsettled, err = w.readWatched(ctx, dir, sel, prep, base, src, first, changed); err != nil {
 			return entry, nil, up, err
@@ -300,7 +314,7 @@ func (w *Workspace) readTree(ctx context.Context, dir string, sel format.Selecti
 	prog := startProgress(w.opts.Progress, "save", int64(files), total)
 	up, err = w.upload(ctx, dir, entry, entries, virtual, prog, src, staged)
 	up.listed = ps.listed()
-	up.held = staged != nil
+	up.held = staged != nil || heldWhole
 	up.attempts, up.unsettled = attempts, unsettled
 	prog.finish()
 	if errors.Is(err, store.ErrExist) {

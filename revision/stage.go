@@ -239,10 +239,11 @@ func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selecti
 	return s, r.entries, r.skipped, r.virtual, nil
 }
 
-// maxWatchedStage bounds the bytes a watched reading copies to staging
-// (readWatched); a larger change (a first save of a large tree, say) is
-// uploaded as it is read, and read again whole if it changed meanwhile.
-const maxWatchedStage = 1 << 30
+// maxStage bounds the bytes a save copies to staging before it uploads
+// them. A larger change (a first save of a large tree, say) is uploaded
+// as it is read: with Options.Freeze, with the writers held until it is
+// uploaded; with Options.Watch, read again whole if it changed meanwhile.
+var maxStage int64 = 1 << 30 // a variable for tests
 
 // stageable reports whether the files the reading r must upload are few
 // enough to copy to staging first.
@@ -253,7 +254,7 @@ func (w *Workspace) stageable(dir string, r snapResult, base *baseTree) bool {
 			continue
 		}
 		if _, ok := base.reusableAs(dir, te.Path, stampOf(te)); !ok {
-			if n += te.Size; n > maxWatchedStage {
+			if n += te.Size; n > maxStage {
 				return false
 			}
 		}

@@ -236,3 +236,41 @@ func TestFillLog(t *testing.T) {
 		t.Errorf("b, changed after its fill, is reusable")
 	}
 }
+
+// TestHeldSaveOfALargeChange: a change too large to copy first is
+// uploaded with the writers held until it has landed; a small one is
+// uploaded after they are let go.
+func TestHeldSaveOfALargeChange(t *testing.T) {
+	for _, large := range []bool{false, true} {
+		t.Run(fmt.Sprint("large=", large), func(t *testing.T) {
+			if large {
+				defer func(m int64) { maxStage = m }(maxStage)
+				maxStage = 4
+			}
+			ctx := context.Background()
+			base, src := newBase(t, "mem"), t.TempDir()
+			writeTree(t, src, map[string]string{"a": "alpha", "b": "beta"})
+			committed, landedWhileHeld := false, false
+			base.mem.Fail(func(op, key string) error {
+				if op == "commit" {
+					committed = true
+				}
+				return nil
+			})
+			defer base.mem.Fail(nil)
+			opts := Options{StageDir: t.TempDir()}
+			opts.Freeze = func(context.Context) (func(uint64) bool, func(), error) {
+				return nil, func() { landedWhileHeld = landedWhileHeld || committed }, nil
+			}
+			w := openWS(t, base, "large", opts)
+			res, err := w.Save(ctx, src, format.Selection{}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if landedWhileHeld != large {
+				t.Errorf("the artifact landed while the writers were held: %v, want %v", landedWhileHeld, large)
+			}
+			checkRevision(t, base, "large", res.Entry.ID, map[string]string{"a": "alpha", "b": "beta"})
+		})
+	}
+}
