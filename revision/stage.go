@@ -155,6 +155,15 @@ func copyStaged(t *tree, rel, to string) (stagedFile, bool, error) {
 		return stagedFile{}, false, err
 	}
 	defer out.Close()
+	// The owner's bits of the file's mode, which a store may keep (a
+	// file store's object is no more readable than its file, and keeps
+	// its owner's execute bit); the staging directory is the daemon's
+	// alone.
+	if fi, err := f.Stat(); err == nil {
+		if err := out.Chmod(fi.Mode().Perm()&0o700 | 0o600); err != nil {
+			return stagedFile{}, false, err
+		}
+	}
 	copyOnce := func(size int64) error {
 		if err := out.Truncate(0); err != nil {
 			return err

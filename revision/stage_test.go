@@ -274,3 +274,25 @@ func TestHeldSaveOfALargeChange(t *testing.T) {
 		})
 	}
 }
+
+// TestStagedCopyKeepsOwnerBits: a store that keeps a file's owner bits
+// (a file store's objects) gets them from a staged copy too.
+func TestStagedCopyKeepsOwnerBits(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	writeTree(t, src, map[string]string{"run.sh": ":", "key": "k"})
+	os.Chmod(filepath.Join(src, "run.sh"), 0o755)
+	os.Chmod(filepath.Join(src, "key"), 0o400)
+	tr, err := openTree(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	for name, want := range map[string]os.FileMode{"run.sh": 0o700, "key": 0o600} {
+		if _, _, err := copyStaged(tr, name, filepath.Join(dst, name)); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(filepath.Join(dst, name)); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s staged: %v, %v; want %o", name, fi.Mode(), err, want)
+		}
+	}
+}
