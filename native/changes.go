@@ -132,18 +132,7 @@ func (c *dirChanges) setLost() {
 // cannot be known: the tree was never marked, or changes were lost.
 func (s *Server) Clean() func(ino uint64) bool {
 	s.emu.Lock()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := unix.Read(s.notify, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n <= 0 {
-			break
-		}
-		eachEvent(buf[:n], s.notifyEvent)
-		s.notifyEvent(nil, nil)
-	}
+	s.drain()
 	s.emu.Unlock()
 	c := &s.dirs
 	c.mu.Lock()
@@ -156,4 +145,20 @@ func (s *Server) Clean() func(ino uint64) bool {
 		changed[ino] = true
 	}
 	return func(ino uint64) bool { return marked[ino] && !changed[ino] }
+}
+
+// drain takes every change event queued so far. Must hold emu.
+func (s *Server) drain() {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(s.notify, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n <= 0 {
+			return
+		}
+		eachEvent(buf[:n], s.notifyEvent)
+		s.notifyEvent(nil, nil)
+	}
 }

@@ -598,14 +598,20 @@ func (s *Server) Touch() {
 // Mark marks every directory again and returns the count a save starts
 // from: every change after it is seen. A directory that cannot be marked
 // (gone, swapped for a symlink) is passed over.
+//
+// The events queued before it are taken first, and the loop takes none
+// while it marks: an event of a change made before the Mark would
+// otherwise remove the mark it has just put back on its directory, and
+// the directory's changes after it would go unseen.
 func (s *Server) Mark() int64 {
+	s.emu.Lock()
+	defer s.emu.Unlock()
+	s.drain()
 	s.dirs.reset()
 	if _, _, err := s.markTree(false); err != nil {
 		s.log.Warn("mark the tree's directories; the tree counts as changed", "op", "fanotify", "path", s.opts.Dir, "err", err)
 		s.changes.Add(1)
-		s.dirs.mu.Lock()
-		s.dirs.lost = true
-		s.dirs.mu.Unlock()
+		s.dirs.setLost()
 	}
 	return s.changes.Load()
 }
