@@ -585,7 +585,15 @@ func (s *Server) mounted() bool { return s.mnt.Attached() }
 // Changes returns the number of changes seen so far: after the first
 // since a Mark, further ones are not seen until the next, so it counts
 // one per save interval with changes, not every change.
-func (s *Server) Changes() int64 { return s.changes.Load() }
+//
+// The events queued so far are taken first: a change a process has made
+// is counted by the time it asks, however far behind the loop is.
+func (s *Server) Changes() int64 {
+	s.emu.Lock()
+	s.drain()
+	s.emu.Unlock()
+	return s.changes.Load()
+}
 
 // Touch counts a change the daemon made itself through the mount (a tool
 // call), which the change marks leave out as the daemon's own.
