@@ -84,16 +84,7 @@ row() { ROWS+=("| $1 | $2 | $3 | $4 | $5 |"); echo "| $1 | $2 | $3 | $4 | $5 |" 
 
 for n in $SIZES; do
   src="$WORK/src$n"
-  python3 - "$src" "$n" <<'PY'
-import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
-for i in range(n):
-    d = os.path.join(root, "d%04d" % (i // 100))
-    if i % 100 == 0:
-        os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "f%02d" % (i % 100)), "wb") as f:
-        f.write(os.urandom(4096))
-PY
+  make_tree "$src" "$n"
   settle; t=$(now); tar -czf "$WORK/ref.tgz" -C "$src" .; TARC=$(since $t)
   row "$n files" "reference: tar -czf of the tree" "$TARC" - -
   find "$src" -type f -printf '%P\n' > "$WORK/list"

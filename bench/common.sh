@@ -29,3 +29,18 @@ reqs() {
   tail -c +$((MARK + 1)) "$WORK/access.log" 2>/dev/null | { grep -o ' s3_[A-Za-z]*' || true; } | sed 's/ s3_//' | sort | uniq -c |
     awk '{n += $1; s = s (s ? ", " : "") $2 " " $1} END {printf "%d (%s)", n, s}'
 }
+
+# make_tree DIR N: N files of 4 KiB of random bytes under DIR, in
+# directories of 100 (d0000/f00 ...).
+make_tree() {
+  python3 - "$1" "$2" <<'PY'
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(root, "d%04d" % (i // 100))
+    if i % 100 == 0:
+        os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%02d" % (i % 100)), "wb") as f:
+        f.write(os.urandom(4096))
+PY
+}

@@ -35,16 +35,7 @@ if [ "$STORE" = s3 ]; then SA=(--store s3://bkt/stall --s3-endpoint "$EP" --s3-p
 SA+=(--max-entries $((N + N / 100 + 1000)) --max-archive-bytes $((N * 8192 + (64 << 20))))
 
 src="$WORK/src"
-python3 - "$src" "$N" <<'PY'
-import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
-for i in range(n):
-    d = os.path.join(root, "d%04d" % (i // 100))
-    if i % 100 == 0:
-        os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "f%02d" % (i % 100)), "wb") as f:
-        f.write(os.urandom(4096))
-PY
+make_tree "$src" "$N"
 cat > "$WORK/writer.py" <<'PY'
 # writer.py FILE OUT: rewrite FILE (4 KiB) every millisecond; at each
 # SIGUSR1 append to OUT the longest gap between two writes since the last.

@@ -21,11 +21,7 @@ import (
 // current bytes (none saved "as in the previous revision"), whole. The
 // cgroup is gone after the run. Through FUSE and natively.
 func TestExecFreezesWriters(t *testing.T) {
-	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err != nil {
-		if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err != nil {
-			t.Skip("no cgroup v2 hierarchy")
-		}
-	}
+	needCgroupV2(t)
 	for _, serve := range []string{"fuse", "native"} {
 		t.Run(serve, func(t *testing.T) {
 			e := newEnv(t)
@@ -117,11 +113,7 @@ kill $W; wait $W 2>/dev/null; exit 0`, out, writer, amlfsBin, mp)
 // changes the daemon missed would be taken as the save first read it:
 // a/ from one instant, b/ from another. Through FUSE and natively.
 func TestHeldSaveIsOneInstant(t *testing.T) {
-	if _, err := os.Stat("/sys/fs/cgroup/unified/cgroup.procs"); err != nil {
-		if _, err := os.Stat("/sys/fs/cgroup/cgroup.procs"); err != nil {
-			t.Skip("no cgroup v2 hierarchy")
-		}
-	}
+	needCgroupV2(t)
 	for _, serve := range []string{"fuse", "native"} {
 		t.Run(serve, func(t *testing.T) {
 			e := newEnv(t)
@@ -193,22 +185,26 @@ func (e *env) revisionFiles(t *testing.T, id, rev string) map[string]string {
 	if !ok || cur.Format != format.FormatArchive {
 		t.Fatalf("no archive revision %s of %s", rev, id)
 	}
-	f, err := os.Open(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	files := map[string]string{}
-	_, err = format.ReadArchive(f, cur.Path, format.DefaultLimits, func(te format.TreeEntry, r io.Reader) error {
-		if r != nil {
-			b, err := io.ReadAll(r)
-			files[te.Path] = string(b)
-			return err
-		}
-		return nil
+	err := e.eachArchiveFile(id, cur, func(p string, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		files[p] = string(b)
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// needCgroupV2 skips a test on a host with no cgroup v2 hierarchy, unified
+// or hybrid (/sys/fs/cgroup/unified).
+func needCgroupV2(t *testing.T) {
+	t.Helper()
+	for _, root := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err == nil {
+			return
+		}
+	}
+	t.Skip("no cgroup v2 hierarchy")
 }

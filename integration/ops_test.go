@@ -139,15 +139,9 @@ func (e *env) revisionFileAt(t *testing.T, id, rev, rel string) string {
 		t.Fatalf("no revision %s of %s", rev, id)
 	}
 	if cur.Format == format.FormatArchive {
-		// Read as AML's archive reader would: the tar stream.
-		f, err := os.Open(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
 		var got *string
-		_, err = format.ReadArchive(f, cur.Path, format.DefaultLimits, func(te format.TreeEntry, r io.Reader) error {
-			if te.Path == rel && r != nil {
+		err := e.eachArchiveFile(id, cur, func(p string, r io.Reader) error {
+			if p == rel {
 				b, err := io.ReadAll(r)
 				s := string(b)
 				got = &s
@@ -165,6 +159,24 @@ func (e *env) revisionFileAt(t *testing.T, id, rev, rel string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// eachArchiveFile calls fn with each file of the archive revision cur of
+// workspace id, read straight from a file store as AML's archive reader
+// would: the tar stream.
+func (e *env) eachArchiveFile(id string, cur format.Entry, fn func(path string, r io.Reader) error) error {
+	f, err := os.Open(filepath.Join(e.storeD, id, filepath.FromSlash(cur.Path)))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = format.ReadArchive(f, cur.Path, format.DefaultLimits, func(te format.TreeEntry, r io.Reader) error {
+		if r == nil {
+			return nil
+		}
+		return fn(te.Path, r)
+	})
+	return err
 }
 
 // TestSIGTERMGrace stops a foreground mount of a typical workspace with

@@ -159,12 +159,10 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		if changed == nil || up.held || !changed() {
 			break
 		}
-		if attempt == SaveAttempts {
+		if !w.readAgain(attempt) {
 			unsettled = true
-			w.log.Warn("the tree changed during every attempt of the save: each file is saved as its bytes at one instant, the tree is not one instant", "op", "save", "attempts", attempt)
 			break
 		}
-		w.log.Info("the tree changed while the save read it; reading it again", "op", "save", "attempt", attempt)
 		// The next attempt uploads under the same id.
 		if err := w.store.Remove(context.WithoutCancel(ctx), entry.Path); err != nil {
 			return fail(fmt.Errorf("remove the unsettled attempt's artifact: %w", err))
@@ -241,6 +239,18 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	}
 	res.Elapsed = time.Since(start)
 	return res, nil
+}
+
+// readAgain says whether a save whose reading attempt saw the tree
+// change reads it again: not after SaveAttempts attempts, when the
+// revision is not one instant (unsettled). It logs which.
+func (w *Workspace) readAgain(attempt int) bool {
+	if attempt == SaveAttempts {
+		w.log.Warn("the tree changed during every attempt of the save: each file is saved as its bytes at one instant, the tree is not one instant", "op", "save", "attempts", attempt)
+		return false
+	}
+	w.log.Info("the tree changed while the save read it; reading it again", "op", "save", "attempt", attempt)
+	return true
 }
 
 // readTree is steps 1 to 3 of a save: 1. snapshot (of the whole tree:

@@ -302,12 +302,10 @@ func (w *Workspace) readWatched(ctx context.Context, dir string, sel format.Sele
 		if !changed() {
 			break
 		}
-		if attempts == SaveAttempts {
+		if !w.readAgain(attempts) {
 			unsettled = true
-			w.log.Warn("the tree changed during every attempt of the save: each file is saved as its bytes at one instant, the tree is not one instant", "op", "save", "attempts", attempts)
 			break
 		}
-		w.log.Info("the tree changed while the save read it; reading it again", "op", "save", "attempt", attempts)
 		changed = w.opts.Watch()
 		if r, err = snapshotWith(dir, sel, walkOpts{prep: prep}); err != nil {
 			return nil, nil, nil, nil, 0, false, err
