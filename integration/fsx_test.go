@@ -236,7 +236,8 @@ func TestFsx(t *testing.T) {
 	}
 	e := newEnv(t)
 	host := t.TempDir()
-	mp := e.mount("fsx", "--mount", "/host=file://"+host)
+	// Through FUSE: natively the workspace is the disk itself.
+	mp := e.mount("fsx", "--serve", "fuse", "--mount", "/host=file://"+host)
 	for name, dir := range map[string]string{"workspace": mp, "host mount": filepath.Join(mp, "host")} {
 		ops := scale * 10000
 		if name == "host mount" {

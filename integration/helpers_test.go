@@ -70,7 +70,7 @@ func TestMain(m *testing.M) {
 		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	}
 	if bin := os.Getenv("AMLFS_TEST_BIN"); bin != "" {
-		// A run of the suite inside this one (TestNativeSuite) uses the
+		// A run of the suite inside this one (TestFUSESuite) uses the
 		// daemon its parent built.
 		amlfsBin = bin
 		os.Exit(m.Run())
@@ -190,13 +190,18 @@ func (e *env) mount(id string, extra ...string) string {
 
 func (e *env) mountAt(mp, id string, extra ...string) result {
 	e.t.Helper()
-	// AMLFS_TEST_SERVE=native runs the suite's mounts natively unless a
-	// test names the mode itself.
-	mode := os.Getenv("AMLFS_TEST_SERVE")
-	if mode != "" && !slices.Contains(extra, "--serve") {
-		extra = append(extra[:len(extra):len(extra)], "--serve", mode)
-	} else {
-		mode = ""
+	// A mount that names no --serve is served as amlfs does by default
+	// (natively, where that can run), or as AMLFS_TEST_SERVE says (fuse:
+	// TestFUSESuite's run).
+	mode := ""
+	if !slices.Contains(extra, "--serve") {
+		mode = os.Getenv("AMLFS_TEST_SERVE")
+		switch {
+		case mode != "":
+			extra = append(extra[:len(extra):len(extra)], "--serve", mode)
+		case !slices.Contains(extra, "-o"): // -o may name a FUSE option: FUSE then
+			mode = defaultServe(e)
+		}
 	}
 	args := append([]string{"mount", "--daemon", mp}, e.wsArgs(id, extra...)...)
 	r := e.amlfs(args...)

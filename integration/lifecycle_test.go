@@ -505,6 +505,8 @@ func TestCheckFuseAsUser(t *testing.T) {
 		// refuses; what matters is that the trial mount ran.
 		want = []string{`a trial mount`, `mounts for this user`}
 	}
+	// Not root: served through FUSE by default, saying why.
+	want = append(want, `"detail": "fuse: --serve auto: native serving cannot run here: `)
 	for _, w := range want {
 		if !strings.Contains(string(out), w) {
 			t.Errorf("check as uid 4242: want %s in\n%s", w, out)

@@ -11,10 +11,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/amlfs/amlfs/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,6 +37,24 @@ func nativeServing(e *env) bool {
 	_, ok := checkNative(e)
 	return ok
 }
+
+// defaultServe is how amlfs serves a workspace that names no --serve
+// here: native where it can run. It is asked once per run.
+func defaultServe(e *env) string {
+	defaultOnce.Do(func() {
+		r := e.amlfs(append([]string{"check", "--json"}, e.wsArgs("default-check")...)...)
+		defaultMode = "fuse"
+		if strings.Contains(r.stdout, `"detail": "native: `) {
+			defaultMode = "native"
+		}
+	})
+	return defaultMode
+}
+
+var (
+	defaultOnce sync.Once
+	defaultMode string
+)
 
 func checkNative(e *env) (result, bool) {
 	r := e.amlfs(append([]string{"check", "--serve", "native"}, e.wsArgs("native-check")...)...)
@@ -466,16 +486,17 @@ func swapChild() {
 	fmt.Printf("%d swaps, %d failed\n", n, fails)
 }
 
-// nativeSuite is the part of this suite about the workspace itself:
-// POSIX, crash, lifecycle, tools and exec, and live mounts inside it. TestNativeSuite runs it a
-// second time with the workspace served natively. pjdfstest runs in both
-// modes inside TestPjdfstest.
-var nativeSuite = []string{
+// bothModes is the part of this suite about the workspace itself: POSIX,
+// crash, lifecycle, tools and exec, and live mounts inside it. The suite
+// serves the workspace as amlfs does by default (natively, where that can
+// run); TestFUSESuite runs these a second time through FUSE. pjdfstest
+// runs in both modes inside TestPjdfstest.
+var bothModes = []string{
 	// POSIX
-	// (Not TestExchangeRaceStaysInside: natively the racing user's calls
-	// are the kernel's own, with no daemon acting for them, and the host
-	// mount it also races is the same FUSE loopback in both modes;
-	// TestNativeSymlinkSwapDuringSave races the daemon's own reads.)
+	// (Not TestExchangeRaceStaysInside: it races the FUSE daemon's own
+	// path walks, and names --serve fuse; natively the racing user's
+	// calls are the kernel's own, and TestNativeSymlinkSwapDuringSave
+	// races the daemon's reads for a save.)
 	"TestPOSIX", "TestUnprivilegedTruncateKillsSuid", "TestLocks",
 	"TestManyInodes", "TestGitStatusAfterRestore",
 	"TestLiveLocalMount", "TestLiveDirentIno", "TestLiveHostGetcwd", "TestStoreNone", "TestS3LiveMount",
@@ -498,46 +519,50 @@ var nativeSuite = []string{
 
 var testResult = regexp.MustCompile(`(?m)^--- (PASS|FAIL|SKIP): (\w+) \(([\d.]+)s\)`)
 
-// TestNativeSuite runs nativeSuite again in a child run of this test
-// binary, with every mount that names no mode served natively
-// (AMLFS_TEST_SERVE=native). Each test must pass or skip with a reason;
-// a name that no longer runs fails, so the list cannot rot.
-func TestNativeSuite(t *testing.T) {
+// TestFUSESuite runs bothModes again in a child run of this test binary,
+// with every mount that names no mode served through FUSE
+// (AMLFS_TEST_SERVE=fuse), the fallback where native serving cannot run.
+// Each test must pass or skip with a reason; a name that no longer runs
+// fails, so the list cannot rot. Where the default is FUSE already (no
+// native serving here), the run itself was that run.
+func TestFUSESuite(t *testing.T) {
 	if os.Getenv("AMLFS_TEST_SERVE") != "" {
 		t.Skip("this run already serves as AMLFS_TEST_SERVE says")
 	}
 	if testing.Short() {
-		t.Skip("the native suite takes minutes")
+		t.Skip("the FUSE suite takes minutes")
 	}
-	needNative(t, newEnv(t))
+	if defaultServe(newEnv(t)) != "native" {
+		t.Skip("the default serving here is FUSE: this run was the FUSE suite")
+	}
 	timeout := 40 * time.Minute
 	if d, ok := t.Deadline(); ok {
 		timeout = time.Until(d) - 30*time.Second
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^("+strings.Join(nativeSuite, "|")+")$",
+	cmd := exec.Command(os.Args[0], "-test.run", "^("+strings.Join(bothModes, "|")+")$",
 		"-test.v", "-test.count=1", "-test.timeout", timeout.String())
-	cmd.Env = append(os.Environ(), "AMLFS_TEST_SERVE=native", "AMLFS_TEST_BIN="+amlfsBin)
+	cmd.Env = append(os.Environ(), "AMLFS_TEST_SERVE=fuse", "AMLFS_TEST_BIN="+amlfsBin)
 	out, err := cmd.CombinedOutput()
 	ran := map[string]string{}
 	for _, m := range testResult.FindAllStringSubmatch(string(out), -1) {
 		ran[m[2]] = m[1]
-		t.Logf("native: %s %s (%ss)", m[1], m[2], m[3])
+		t.Logf("fuse: %s %s (%ss)", m[1], m[2], m[3])
 	}
-	for _, name := range nativeSuite {
+	for _, name := range bothModes {
 		switch ran[name] {
 		case "PASS":
 		case "SKIP":
 			if why := skipReason(string(out), name); why != "" {
-				t.Logf("native: %s skipped: %s", name, why)
+				t.Logf("fuse: %s skipped: %s", name, why)
 			}
 		case "FAIL":
-			t.Errorf("%s fails with the workspace served natively", name)
+			t.Errorf("%s fails with the workspace served through FUSE", name)
 		default:
-			t.Errorf("%s did not run natively: renamed, or the run stopped before it", name)
+			t.Errorf("%s did not run through FUSE: renamed, or the run stopped before it", name)
 		}
 	}
 	if err != nil || t.Failed() {
-		t.Fatalf("native run: %v\n%s", err, out)
+		t.Fatalf("FUSE run: %v\n%s", err, out)
 	}
 }
 
@@ -550,4 +575,50 @@ func skipReason(out, name string) string {
 	rest := out[i+len("=== RUN   "+name+"\n"):]
 	line, _, _ := strings.Cut(rest, "\n")
 	return strings.TrimSpace(line)
+}
+
+// TestServeAuto: a mount that names no --serve is served natively where
+// native serving can run, and says why in its status, its log and check;
+// one that asks for a FUSE option falls back to FUSE with one log line
+// naming the reason.
+func TestServeAuto(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	logOf := func(mp string) string {
+		b, err := os.ReadFile(filepath.Join(e.runtime, filepath.Base(mount.LogPath(mp))))
+		if err != nil {
+			t.Fatalf("the daemon's log: %v", err)
+		}
+		return string(b)
+	}
+	cases := []struct {
+		name, serve string
+		extra       []string
+		why, log    string
+	}{
+		{"default", "native", nil, "--serve auto: root, Linux", "--serve auto: serving natively"},
+		{"fuse option", "fuse", []string{"-o", "umask=022"}, "native serving cannot run here: -o umask=022 is a FUSE option", "serving through FUSE: native serving cannot run here"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mp := filepath.Join(e.root, "mnt-auto-"+c.serve)
+			if r := e.mountAt(mp, "auto-"+c.serve, c.extra...); r.code != 0 {
+				t.Fatalf("mount: %s", r)
+			}
+			st := e.amlfs("status", mp, "--json")
+			if !strings.Contains(st.stdout, `"serve": "`+c.serve+`"`) || !strings.Contains(st.stdout, c.why) {
+				t.Errorf("status: want serve %s because %q:\n%s", c.serve, c.why, st.stdout)
+			}
+			if l := logOf(mp); strings.Count(l, c.log) != 1 {
+				t.Errorf("the daemon's log says %q %d times, want once:\n%s", c.log, strings.Count(l, c.log), l)
+			}
+			if r := e.unmount(mp, "--no-save"); r.code != 0 {
+				t.Fatalf("unmount: %s", r)
+			}
+		})
+	}
+	r := e.amlfs(append([]string{"check", "--json"}, e.wsArgs("auto-check")...)...)
+	if !strings.Contains(r.stdout, `"detail": "native: --serve auto: root, Linux`) {
+		t.Errorf("check names no native serving and why:\n%s", r.stdout)
+	}
 }

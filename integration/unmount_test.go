@@ -82,7 +82,7 @@ func TestDeadMountWithoutFusermount(t *testing.T) {
 func TestBusyUnmountWithoutFusermount(t *testing.T) {
 	e := newEnv(t)
 	withoutFusermount(e)
-	mp := e.mount("busy")
+	mp := e.mount("busy", "--serve", "fuse") // a FUSE mount's lazy detach; TestNativeExternalUnmount natively
 	sh(t, mp, "echo busy > f")
 	hold := exec.Command("sleep", "60")
 	hold.Dir = mp

@@ -27,9 +27,8 @@ const (
 	ServeAuto = "auto"
 )
 
-// DefaultServe is --serve's default. It stays fuse until every
-// integration test runs in both modes.
-const DefaultServe = ServeFUSE
+// DefaultServe is --serve's default: native wherever it can run.
+const DefaultServe = ServeAuto
 
 // nativeBlocker says what in cfg native serving cannot honour, or "".
 func nativeBlocker(cfg *Config) string {
@@ -54,13 +53,16 @@ func (d *Daemon) chooseServe() error {
 		d.serve, d.serveWhy = ServeFUSE, "--serve fuse"
 		return nil
 	}
-	why := nativeBlocker(cfg)
+	ok, why := false, nativeBlocker(cfg)
 	if why == "" {
-		_, why = native.Supported(cfg.CacheDir) // "" where it can run
+		ok, why = native.Supported(cfg.CacheDir)
 	}
 	switch {
-	case why == "":
-		d.serve, d.serveWhy = ServeNative, "--serve "+cfg.Serve+": a bind mount, with lazy restore by fanotify pre-content events"
+	case ok:
+		d.serve, d.serveWhy = ServeNative, "--serve "+cfg.Serve+": "+why+": a bind mount, with lazy restore by fanotify pre-content events"
+		if cfg.Serve == ServeAuto {
+			d.log.Info("--serve auto: serving natively", "why", why)
+		}
 	case cfg.Serve == ServeNative:
 		return amlerr.New(amlerr.InvalidConfig, cfg.Mountpoint, "--serve native cannot run here: %s", why)
 	default:

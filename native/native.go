@@ -114,7 +114,7 @@ type Server struct {
 const minMajor, minMinor = 6, 14
 
 // Supported says whether native serving can run here for a working
-// directory in dir, and if not, why.
+// directory in dir, and why: what rules it out, or what it found.
 func Supported(dir string) (bool, string) {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {
@@ -150,7 +150,7 @@ func Supported(dir string) (bool, string) {
 		unix.Fstatfs(int(f.Fd()), &st)
 		return false, fmt.Sprintf("the cache disk's file system (magic %#x) refuses pre-content marks: %v", st.Type, err)
 	}
-	return true, ""
+	return true, fmt.Sprintf("root, Linux %s, and a cache disk that takes pre-content marks", rel)
 }
 
 // Mount marks the tree's placeholders and directories, then bind-mounts
