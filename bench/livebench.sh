@@ -42,7 +42,7 @@ mount_native() { mkdir -p "$WORK/native/$2"; ln -sfn "$WORK/native/$2" "$1"; }
 umount_native() { rm -f "$1"; }
 mount_amlfs() {
   mkdir -p "$1"
-  "$AM" mount --daemon "$1" --store none --mount "/d=s3://bkt/$2" --s3-endpoint "$EP" --s3-path-style --cache-dir "$WORK/amlfs-cache" >/dev/null
+  "$AM" mount --daemon "$1" --serve fuse --store none --mount "/d=s3://bkt/$2" --s3-endpoint "$EP" --s3-path-style --cache-dir "$WORK/amlfs-cache" >/dev/null
   mounted "$1" amlfs
   ln -sfn "$1/d" "$WORK/view"
 }

@@ -26,3 +26,19 @@ mounted_native() {
   echo "$(basename "$0"): $2 is not serving $1 natively; refusing to time a plain directory" >&2
   exit 1
 }
+
+# serving DIR WHAT AMLFS: wait up to 10 s for amlfs to serve DIR, in
+# whichever mode it chose (the default, --serve auto), and print that mode.
+serving() {
+  local m
+  for _ in $(seq 100); do
+    m=$("$3" status "$1" 2>/dev/null | sed -n 's/^serve: *\([a-z]*\).*/\1/p')
+    if [ -n "$m" ]; then
+      if [ "$m" = fuse ]; then mounted "$1" "$2"; fi
+      echo "$m"; return 0
+    fi
+    sleep 0.1
+  done
+  echo "$(basename "$0"): $2 is not serving $1; refusing to time a plain directory" >&2
+  exit 1
+}

@@ -28,7 +28,7 @@ sleep 1
 
 # --- 1 and 2: 10k files, 200 MB -------------------------------------------
 m="$WORK/m10k"
-"$AM" mount --daemon "$m" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c0" >/dev/null 2>&1
+"$AM" mount --daemon "$m" --serve fuse --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c0" >/dev/null 2>&1
 mounted "$m" amlfs
 # 100 directories of 100 files of 20,000 random bytes (f00 to f99).
 for d in $(seq 0 99); do mkdir "$m/d$d"; head -c 2000000 /dev/urandom | split -b 20000 -d -a 2 - "$m/d$d/f"; done
@@ -37,9 +37,9 @@ for d in $(seq 0 99); do mkdir "$m/d$d"; head -c 2000000 /dev/urandom | split -b
 # Each timed step starts with the disk idle: the setup's writeback is not
 # billed to the step after it.
 settle() { sync; sleep 1; }
-settle; t=$(now); "$AM" mount --daemon "$WORK/mlazy" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c1" --restore lazy --prefetch 0 >/dev/null 2>&1; LAZY=$(since $t)
+settle; t=$(now); "$AM" mount --daemon "$WORK/mlazy" --serve fuse --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c1" --restore lazy --prefetch 0 >/dev/null 2>&1; LAZY=$(since $t)
 mounted "$WORK/mlazy" amlfs
-settle; t=$(now); "$AM" mount --daemon "$WORK/mfull" --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c2" --restore full --no-lock >/dev/null 2>&1; FULL=$(since $t)
+settle; t=$(now); "$AM" mount --daemon "$WORK/mfull" --serve fuse --store s3://bkt/bench --id tenk $S3 --cache-dir "$WORK/c2" --restore full --no-lock >/dev/null 2>&1; FULL=$(since $t)
 mounted "$WORK/mfull" amlfs
 # The mounts stay until the end of this part: an unmount --no-save deletes
 # its tree, and ext4 then makes new inodes slowly for minutes (each one
@@ -54,7 +54,7 @@ mounted_native "$WORK/mnlazy" "amlfs native" "$AM"
 echo changed > "$WORK/mlazy/d42/f07"
 settle; t=$(now); "$AM" commit "$WORK/mlazy" >/dev/null; INC=$(since $t)
 # A full upload of the same tree: the same save with nothing to reuse.
-"$AM" mount --daemon "$WORK/mcopy" --store s3://bkt/bench --id tenk-copy $S3 --cache-dir "$WORK/c3" --load none >/dev/null 2>&1
+"$AM" mount --daemon "$WORK/mcopy" --serve fuse --store s3://bkt/bench --id tenk-copy $S3 --cache-dir "$WORK/c3" --load none >/dev/null 2>&1
 mounted "$WORK/mcopy" amlfs
 cp -a "$WORK/mlazy/." "$WORK/mcopy/"
 settle; t=$(now); "$AM" commit "$WORK/mcopy" >/dev/null; FULLSAVE=$(since $t)
@@ -63,11 +63,11 @@ for m in mcopy mlazy mfull mnlazy; do "$AM" unmount --no-save "$WORK/$m" >/dev/n
 # --- 3: a 1 GiB tree: 64 files of 16 MiB ----------------------------------
 for i in $(seq 0 63); do head -c 16777216 /dev/urandom > "$WORK/src/f$i"; done
 m="$WORK/mgib"
-"$AM" mount --daemon "$m" --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c4" >/dev/null 2>&1
+"$AM" mount --daemon "$m" --serve fuse --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c4" >/dev/null 2>&1
 mounted "$m" amlfs
 cp -a "$WORK/src/." "$m/"
 settle; t=$(now); "$AM" unmount "$m" >/dev/null; SAVE=$(since $t)
-settle; t=$(now); "$AM" mount --daemon "$WORK/mgib2" --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c5" --restore full >/dev/null 2>&1; RESTORE=$(since $t)
+settle; t=$(now); "$AM" mount --daemon "$WORK/mgib2" --serve fuse --store s3://bkt/bench --id gib $S3 --cache-dir "$WORK/c5" --restore full >/dev/null 2>&1; RESTORE=$(since $t)
 mounted "$WORK/mgib2" amlfs
 # Incremental save where the files are large: change 1 of the 64.
 head -c 16777216 /dev/urandom > "$WORK/mgib2/f9"

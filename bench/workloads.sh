@@ -12,12 +12,13 @@
 #      after, from `amlfs status`)
 # Each is also timed on the native disk, side by side, for the ratios.
 # Needs root (FUSE), npm and versitygw (AMLFS_VERSITYGW, as .ci/run installs).
-# WORKLOADS picks some of them (default "npm venv git"); SERVE=native serves
-# the workspaces natively (--serve native) instead of through FUSE.
+# WORKLOADS picks some of them (default "npm venv git"). The workspaces are
+# served as amlfs serves by default (natively where that can run); SERVE=fuse
+# or SERVE=native asks for a mode (--serve).
 #
 #   bash bench/workloads.sh
 #   WORKLOADS=git bash bench/workloads.sh
-#   SERVE=native bash bench/workloads.sh
+#   SERVE=fuse bash bench/workloads.sh
 set -euo pipefail
 shopt -s inherit_errexit  # a step that fails inside $(...) stops the run too
 cd "$(dirname "$0")/.."
@@ -30,10 +31,13 @@ cleanup() {
 }
 trap cleanup EXIT
 sleep 1
-SERVE=${SERVE:-fuse}
+SERVE=${SERVE:-}
+SERVED=""
 mnt() {
-  "$AM" mount --daemon "$WORK/$1" --store s3://bkt/work --id "$2" $S3 --cache-dir "$WORK/cache-$1" --serve "$SERVE" "${@:3}" >/dev/null 2>&1
-  if [ "$SERVE" = native ]; then mounted_native "$WORK/$1" "amlfs --serve native" "$AM"; else mounted "$WORK/$1" amlfs; fi
+  "$AM" mount --daemon "$WORK/$1" --store s3://bkt/work --id "$2" $S3 --cache-dir "$WORK/cache-$1" ${SERVE:+--serve "$SERVE"} "${@:3}" >/dev/null 2>&1
+  local m; m=$(serving "$WORK/$1" amlfs "$AM")
+  if [ -n "$SERVE" ] && [ "$m" != "$SERVE" ]; then echo "workloads: --serve $SERVE served $m" >&2; exit 1; fi
+  SERVED=$m
 }
 pending() { "$AM" status "$WORK/$1" --json | sed -n 's/.*"pendingFiles": \([0-9]*\).*/\1/p'; }
 
@@ -96,7 +100,7 @@ t=$(now); (cd "$WORK/mgit2" && git status --porcelain >/dev/null); GIT2=$(since 
 "$AM" unmount --no-save "$WORK/mgit2" >/dev/null
 fi
 
-printf '\nserving: %s\n' "$SERVE"
+printf '\nserving: %s (%s)\n' "$SERVED" "${SERVE:+--serve $SERVE}${SERVE:-the default}"
 if only npm; then
   printf 'npm install (express typescript eslint jest, warm npm cache): %s entries, %s symlinks in node_modules\n' "$NPM_FILES" "$NPM_LINKS"
   printf '  native %.2fs  amlfs %.2fs  ratio %.2fx; save to S3 %.2fs; jest after a lazy restore elsewhere: %s\n' \

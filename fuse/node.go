@@ -185,10 +185,11 @@ func (n *node) ensure(ctx context.Context) syscall.Errno {
 		return 0
 	}
 	// By the node's own descriptor: no path is resolved.
-	fd, errno := n.Fd()
+	fd, done, errno := n.Fd()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	if err := n.fs.content.Fill(ctx, fd); err != nil {
 		return ToErrno(n.fs.log, "fetch", n.Path(nil), err)
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestLimits: AML's limits are defaults, not walls. A 2 GiB tree fails to
@@ -131,6 +132,70 @@ func TestManyInodes(t *testing.T) {
 	}))
 	if n != 6000 {
 		t.Errorf("walked %d files, want 6000", n)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+}
+
+// TestKernelCachePastBudget: through FUSE, a daemon under a low descriptor
+// limit (2,048: a budget of 1,024 held open) keeps the kernel's caches of
+// a tree of 6,000 files: inodes past the budget are held by file handle,
+// not evicted, so a second walk of the tree makes no LOOKUP and the
+// kernel is sent no FORGET, and the daemon's descriptors stay within its
+// limit. Every file still reads back through its node.
+func TestKernelCachePastBudget(t *testing.T) {
+	needTools(t, "util-linux", "prlimit")
+	if os.Geteuid() != 0 {
+		t.Skip("file handles open again only with CAP_DAC_READ_SEARCH")
+	}
+	e := newEnv(t)
+	e.bin = filepath.Join(t.TempDir(), "amlfs-lowlimit")
+	must(t, os.WriteFile(e.bin, []byte("#!/bin/sh\nexec prlimit --nofile=2048:2048 "+amlfsBin+" \"$@\"\n"), 0o755))
+	addr := freePort(t)
+	mp := e.mount("budget", "--serve", "fuse", "--metrics-addr", addr)
+	for d := range 10 {
+		dir := filepath.Join(mp, fmt.Sprint("d", d))
+		must(t, os.Mkdir(dir, 0o755))
+		for f := range 600 {
+			must(t, os.WriteFile(filepath.Join(dir, fmt.Sprint("f", f)), []byte(fmt.Sprint(d, "/", f)), 0o644))
+		}
+	}
+	walk := func() int {
+		n := 0
+		must(t, filepath.Walk(mp, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				n++
+			}
+			return err
+		}))
+		return n
+	}
+	url := "http://" + addr + "/metrics"
+	walk()
+	time.Sleep(time.Second) // any shedding, or forgetting, under way ends
+	before := scrape(t, url)
+	if n := walk(); n != 6000 {
+		t.Errorf("walked %d files, want 6000", n)
+	}
+	after := scrape(t, url)
+	lookups := after[`amlfs_fuse_request_duration_seconds_count{op="lookup"}`] - before[`amlfs_fuse_request_duration_seconds_count{op="lookup"}`]
+	forgets := after[`amlfs_fuse_request_duration_seconds_count{op="forget"}`]
+	if lookups > 10 || forgets > 0 {
+		t.Errorf("a second walk of 6,000 files made %v LOOKUPs, and %v FORGETs were sent: the kernel's caches were evicted", lookups, forgets)
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", e.pid(mp)))
+	must(t, err)
+	if len(fds) > 2048 {
+		t.Errorf("the daemon holds %d descriptors, past its limit", len(fds))
+	}
+	for d := range 10 {
+		for f := range 600 {
+			got, err := os.ReadFile(filepath.Join(mp, fmt.Sprint("d", d), fmt.Sprint("f", f)))
+			if err != nil || string(got) != fmt.Sprint(d, "/", f) {
+				t.Fatalf("d%d/f%d: %q, %v", d, f, got, err)
+			}
+		}
 	}
 	if r := e.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)

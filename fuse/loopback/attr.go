@@ -16,10 +16,11 @@ var _ = (gofs.NodeSetattrer)((*Node)(nil))
 // owner first, since a chown clears setuid and setgid, then mode, size and
 // times.
 func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	fd, errno := n.writable()
+	fd, done, errno := n.writable()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	hfd := -1
 	if fh, ok := f.(*File); ok {
 		hfd = fh.fd
@@ -124,10 +125,11 @@ func killSuidgid(fd int) syscall.Errno {
 var _ = (gofs.NodeGetxattrer)((*Node)(nil))
 
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return 0, errno
 	}
+	defer done()
 	if n.isLink() {
 		return 0, syscall.ENODATA
 	}
@@ -138,10 +140,11 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 var _ = (gofs.NodeListxattrer)((*Node)(nil))
 
 func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return 0, errno
 	}
+	defer done()
 	if n.isLink() {
 		return 0, 0
 	}
@@ -152,10 +155,11 @@ func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 var _ = (gofs.NodeSetxattrer)((*Node)(nil))
 
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	fd, errno := n.writable()
+	fd, done, errno := n.writable()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	if n.isLink() {
 		return syscall.EPERM
 	}
@@ -165,10 +169,11 @@ func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 var _ = (gofs.NodeRemovexattrer)((*Node)(nil))
 
 func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	fd, errno := n.writable()
+	fd, done, errno := n.writable()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	if n.isLink() {
 		return syscall.ENODATA
 	}

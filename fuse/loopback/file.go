@@ -28,13 +28,16 @@ type File struct {
 	writer  *backing
 	dir     uint64
 	writers func(dir uint64, delta int)
+	// of is the backing inode open, counted in its files until Release.
+	of *backing
 }
 
 // newFile wraps the backing file fd, open with flags, of the inode b, in
 // the directory of backing inode dir (0: not known).
 func (r *Root) newFile(fd int, b *backing, flags uint32, dir uint64) *File {
 	lf := gofs.NewLoopbackFile(fd).(*gofs.LoopbackFile)
-	f := &File{LoopbackFile: lf, fd: fd}
+	f := &File{LoopbackFile: lf, fd: fd, of: b}
+	b.files.Add(1)
 	if flags&writeFlags != 0 || flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		f.writer = b
 		b.writers.Add(1)
@@ -51,6 +54,10 @@ var _ = (gofs.FileReleaser)((*File)(nil))
 // Release closes the backing file and stops counting it as a writer.
 func (f *File) Release(ctx context.Context) syscall.Errno {
 	errno := f.LoopbackFile.Release(ctx)
+	if f.of != nil {
+		f.of.files.Add(-1)
+		f.of = nil
+	}
 	if f.writer != nil {
 		f.writer.writers.Add(-1)
 		f.writer = nil
@@ -122,10 +129,11 @@ type dirFile interface {
 }
 
 func (n *Node) openDir() (*dirStream, syscall.Errno) {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	dfd, err := n.root.openFd(func() (int, error) { return unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0) })
 	if err != nil {
 		return nil, errnoOf(err)

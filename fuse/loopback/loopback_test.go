@@ -1,11 +1,13 @@
 package loopback
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -16,9 +18,10 @@ import (
 // through a mount, but with no mount: every call is a FUSE request made
 // in the test, so the unit lane covers the loopback with no /dev/fuse.
 type rig struct {
-	t   *testing.T
-	raw fuse.RawFileSystem
-	dir string
+	t    *testing.T
+	raw  fuse.RawFileSystem
+	dir  string
+	tree *Root
 }
 
 func newRig(t *testing.T, opts Options) *rig {
@@ -29,7 +32,7 @@ func newRig(t *testing.T, opts Options) *rig {
 		t.Fatal(err)
 	}
 	raw := gofs.NewNodeFS(root, &gofs.Options{})
-	return &rig{t: t, raw: raw, dir: dir}
+	return &rig{t: t, raw: raw, dir: dir, tree: root.Tree()}
 }
 
 func (r *rig) hdr(node uint64) fuse.InHeader {
@@ -344,5 +347,73 @@ func TestWrap(t *testing.T) {
 	}
 	if len(made) != 2 {
 		t.Fatalf("Wrap made %d nodes, want 2", len(made))
+	}
+}
+
+// TestShedKeepsNodes: past its descriptor budget the tree closes the least
+// recently used backing descriptors and keeps those inodes by file handle,
+// so every node the kernel knows still answers (nothing is evicted), a file
+// open through the mount keeps its descriptor, and a node whose file was
+// removed behind the tree answers ENOENT.
+func TestShedKeepsNodes(t *testing.T) {
+	r := newRig(t, Options{})
+	if !r.tree.handles {
+		t.Skip("file handles open again only with CAP_DAC_READ_SEARCH")
+	}
+	const budget, n = 64, 400
+	r.tree.budget = budget
+	nodes := make([]uint64, n)
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		if err := os.WriteFile(filepath.Join(r.dir, name), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = r.mustLookup(1, name).NodeId
+	}
+	fh, en := r.open(nodes[0], syscall.O_RDONLY)
+	if en != 0 {
+		t.Fatal(en)
+	}
+	settled := func() {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); r.tree.Inodes() > budget; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d backing descriptors open, budget %d", r.tree.Inodes(), budget)
+			}
+		}
+	}
+	settled()
+	if k := r.tree.Known(); k != n+1 {
+		t.Fatalf("%d inodes known, want %d: nodes were dropped", k, n+1)
+	}
+	for i, node := range nodes {
+		if _, en := r.getattr(node); en != 0 {
+			t.Fatalf("getattr f%d: %v", i, en)
+		}
+		h, en := r.open(node, syscall.O_RDONLY)
+		if en != 0 {
+			t.Fatalf("open f%d: %v", i, en)
+		}
+		if got, en := r.read(node, h, 64); en != 0 || got != fmt.Sprint("f", i) {
+			t.Fatalf("read f%d: %q %v", i, got, en)
+		}
+		r.release(node, h)
+	}
+	settled()
+	// A file open through the mount is never shed.
+	if got, en := r.read(nodes[0], fh, 64); en != 0 || got != "f0" {
+		t.Fatalf("read the open f0: %q %v", got, en)
+	}
+	r.tree.shed(n)
+	if r.tree.Inodes() < 2 {
+		t.Fatalf("%d descriptors open: the root's and the open file's are kept", r.tree.Inodes())
+	}
+	r.release(nodes[0], fh)
+	// Removed behind the tree while shed: ENOENT, as a lookup says.
+	if err := os.Remove(filepath.Join(r.dir, "f7")); err != nil {
+		t.Fatal(err)
+	}
+	if _, en := r.getattr(nodes[7]); en != syscall.ENOENT {
+		t.Fatalf("getattr of a removed, shed file: %v, want ENOENT", en)
 	}
 }

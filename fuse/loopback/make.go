@@ -13,10 +13,11 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if n.root.opts.ReadOnly {
 		return nil, nil, 0, syscall.EROFS
 	}
-	pfd, errno := n.fd()
+	pfd, done, errno := n.fd()
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	defer done()
 	hfd, err := n.root.openFd(func() (int, error) {
 		return unix.Openat(pfd, name, openFlags(flags)|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, mode)
 	})
@@ -153,9 +154,9 @@ func (n *Node) made(ctx context.Context, pfd int, name string, mode uint32, out 
 }
 
 // writable returns the node's descriptor for a change, or EROFS.
-func (n *Node) writable() (int, syscall.Errno) {
+func (n *Node) writable() (int, func(), syscall.Errno) {
 	if n.root.opts.ReadOnly {
-		return -1, syscall.EROFS
+		return -1, noop, syscall.EROFS
 	}
 	return n.fd()
 }
@@ -163,10 +164,11 @@ func (n *Node) writable() (int, syscall.Errno) {
 var _ = (gofs.NodeMkdirer)((*Node)(nil))
 
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	if err := unix.Mkdirat(pfd, name, mode); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -176,10 +178,11 @@ func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 var _ = (gofs.NodeMknoder)((*Node)(nil))
 
 func (n *Node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	if err := unix.Mknodat(pfd, name, mode, int(rdev)); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -189,10 +192,11 @@ func (n *Node) Mknod(ctx context.Context, name string, mode, rdev uint32, out *f
 var _ = (gofs.NodeSymlinker)((*Node)(nil))
 
 func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	if err := unix.Symlinkat(target, pfd, name); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -202,18 +206,20 @@ func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 var _ = (gofs.NodeLinker)((*Node)(nil))
 
 func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	t, ok := n.sameTree(target)
 	if !ok {
 		return nil, syscall.EXDEV
 	}
-	tfd, errno := t.fd()
+	tfd, doneT, errno := t.fd()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer doneT()
 	err := unix.Linkat(tfd, "", pfd, name, unix.AT_EMPTY_PATH)
 	if err == unix.ENOENT && n.root.euid != 0 {
 		// AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the inode's proc
@@ -233,48 +239,53 @@ func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 var _ = (gofs.NodeUnlinker)((*Node)(nil))
 
 func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	return errnoOf(unix.Unlinkat(pfd, name, 0))
 }
 
 var _ = (gofs.NodeRmdirer)((*Node)(nil))
 
 func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	return errnoOf(unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR))
 }
 
 var _ = (gofs.NodeRenamer)((*Node)(nil))
 
 func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	np, ok := n.sameTree(newParent)
 	if !ok {
 		return syscall.EXDEV
 	}
-	npfd, errno := np.fd()
+	npfd, doneNp, errno := np.fd()
 	if errno != 0 {
 		return errno
 	}
+	defer doneNp()
 	return errnoOf(unix.Renameat2(pfd, name, npfd, newName, uint(flags)))
 }
 
 var _ = (gofs.NodeTmpfiler)((*Node)(nil))
 
 func (n *Node) Tmpfile(ctx context.Context, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	pfd, errno := n.writable()
+	pfd, done, errno := n.writable()
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	defer done()
 	hfd, err := n.root.openFd(func() (int, error) { return unix.Openat(pfd, ".", openFlags(flags)|unix.O_TMPFILE, mode) })
 	if err != nil {
 		return nil, nil, 0, errnoOf(err)

@@ -72,25 +72,32 @@ func (n *Node) sameTree(other gofs.InodeEmbedder) (*Node, bool) {
 	return o.Loopback(), true
 }
 
-// fd returns the node's O_PATH descriptor.
-func (n *Node) fd() (int, syscall.Errno) {
+// fd returns the node's O_PATH descriptor, open until done is called: an
+// operation calls done when it no longer uses it. A descriptor shed to
+// stay within the budget is opened again by its file handle.
+func (n *Node) fd() (int, func(), syscall.Errno) {
 	r := n.r.Load()
-	if r.held.Load() {
-		return r.b.fd, 0
+	if !r.held.Load() {
+		// go-fuse reused the node after forgetting it.
+		if !n.root.revive(r.b) {
+			return -1, noop, syscall.ESTALE
+		}
+		if !r.held.CompareAndSwap(false, true) {
+			n.root.release(r.b)
+		}
 	}
-	// go-fuse reused the node after forgetting it.
-	if !n.root.revive(r.b) {
-		return -1, syscall.ESTALE
+	fd, errno := n.root.use(r.b)
+	if errno != 0 {
+		return -1, noop, errno
 	}
-	if !r.held.CompareAndSwap(false, true) {
-		n.root.release(r.b)
-	}
-	return r.b.fd, 0
+	return fd, func() { n.root.done(r.b) }, 0
 }
 
-// Fd returns the node's O_PATH descriptor, valid while the node is in use,
-// for wrappers that act on the backing inode themselves.
-func (n *Node) Fd() (int, syscall.Errno) { return n.fd() }
+func noop() {}
+
+// Fd returns the node's O_PATH descriptor, for wrappers that act on the
+// backing inode themselves; it stays open until done is called.
+func (n *Node) Fd() (int, func(), syscall.Errno) { return n.fd() }
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))
 
@@ -99,8 +106,13 @@ func (n *Node) OnForget() { n.r.Load().drop() }
 
 // StableAttrOf is the identity of the node for a graft (NewPersistentInode).
 func (n *Node) StableAttrOf() (gofs.StableAttr, error) {
+	fd, done, errno := n.fd()
+	if errno != 0 {
+		return gofs.StableAttr{}, errno
+	}
+	defer done()
 	var st unix.Statx_t
-	if err := statFd(n.r.Load().b.fd, &st); err != nil {
+	if err := statFd(fd, &st); err != nil {
 		return gofs.StableAttr{}, err
 	}
 	return n.root.stableAttr(&st), nil
@@ -110,10 +122,11 @@ func (n *Node) StableAttrOf() (gofs.StableAttr, error) {
 // it now, by its descriptor: a wrapper that knows a child of that name
 // compares the two to tell whether the name still names that inode.
 func (n *Node) ChildAttr(name string) (gofs.StableAttr, error) {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return gofs.StableAttr{}, errno
 	}
+	defer done()
 	var st unix.Statx_t
 	if err := statAt(fd, name, &st); err != nil {
 		return gofs.StableAttr{}, err
@@ -210,10 +223,11 @@ func (n *Node) lookupAt(ctx context.Context, pfd int, name string, out *fuse.Ent
 var _ = (gofs.NodeLookuper)((*Node)(nil))
 
 func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	pfd, errno := n.fd()
+	pfd, done, errno := n.fd()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	ch, errno := n.lookupAt(ctx, pfd, name, out)
 	if errno == syscall.ENOENT {
 		// A miss is cached as long as an entry.
@@ -225,10 +239,11 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 var _ = (gofs.NodeGetattrer)((*Node)(nil))
 
 func (n *Node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	if fh, ok := f.(*File); ok {
 		fd = fh.fd
 	}
@@ -244,10 +259,11 @@ func (n *Node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 var _ = (gofs.NodeStatxer)((*Node)(nil))
 
 func (n *Node) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask uint32, out *fuse.StatxOut) syscall.Errno {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	if fh, ok := f.(*File); ok {
 		fd = fh.fd
 	}
@@ -271,10 +287,11 @@ func (n *Node) Statx(ctx context.Context, f gofs.FileHandle, flags uint32, mask 
 var _ = (gofs.NodeStatfser)((*Node)(nil))
 
 func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return errno
 	}
+	defer done()
 	var s syscall.Statfs_t
 	if err := syscall.Fstatfs(fd, &s); err != nil {
 		return errnoOf(err)
@@ -286,10 +303,11 @@ func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 var _ = (gofs.NodeReadlinker)((*Node)(nil))
 
 func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return nil, errno
 	}
+	defer done()
 	for l := 256; ; l *= 2 {
 		buf := make([]byte, l)
 		sz, err := unix.Readlinkat(fd, "", buf)
@@ -320,10 +338,11 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if n.root.opts.ReadOnly && flags&writeFlags != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	fd, errno := n.fd()
+	fd, done, errno := n.fd()
 	if errno != 0 {
 		return nil, 0, errno
 	}
+	defer done()
 	hfd, err := n.root.openFd(func() (int, error) { return unix.Open(procPath(fd), openFlags(flags), 0) })
 	if err != nil {
 		return nil, 0, errnoOf(err)

@@ -14,8 +14,10 @@
 package loopback
 
 import (
+	"cmp"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -82,11 +84,21 @@ type Root struct {
 	inodes map[inodeKey]*backing // GUARDED_BY(mu)
 
 	// top is the tree's root node; budget is how many backing
-	// descriptors may be open before the kernel is asked to forget
-	// cached entries (relieve), which is under way while relieving.
+	// descriptors may be open (open counts them) before the least
+	// recently used are closed and kept as file handles (shed), or, where
+	// handles cannot be opened again (handles false), the kernel is asked
+	// to forget cached entries (relieve). One of them is under way while
+	// relieving.
 	top       *Node
 	budget    int
+	open      atomic.Int64
 	relieving atomic.Bool
+	// handles: inodes of the root's filesystem can be opened again by
+	// file handle, relative to mountFd (a descriptor of the
+	// root directory, kept for the tree's life). clock orders uses.
+	handles bool
+	mountFd int
+	clock   atomic.Uint64
 }
 
 type inodeKey struct{ dev, ino uint64 }
@@ -96,15 +108,27 @@ type inodeKey struct{ dev, ino uint64 }
 // another one for the same file through a second name builds a node that
 // go-fuse then drops for the first).
 type backing struct {
-	fd   int // O_PATH; valid until closed
 	key  inodeKey
 	gen  uint64      // birth time in ns (1 if the filesystem has none)
 	refs int         // GUARDED_BY(Root.mu): nodes holding it
 	tmp  atomic.Bool // made by O_TMPFILE: unlinked by design
+
+	// fd is the O_PATH descriptor, -1 while shed: then handle opens the
+	// inode again. users counts the operations using fd (Node.fd), which
+	// keep it open; dead says the record was reaped, and the last user
+	// closes fd.
+	fmu    sync.Mutex
+	fd     int              // GUARDED_BY(fmu)
+	handle *unix.FileHandle // GUARDED_BY(fmu)
+	users  int              // GUARDED_BY(fmu)
+	dead   bool             // GUARDED_BY(fmu)
+	used   atomic.Uint64    // Root.clock at its last use
 	// writers counts the handles open through the mount that may write
 	// it (a shared mapping's pages reach the file only when written
 	// back).
 	writers atomic.Int32
+	// files counts the handles open through the mount.
+	files atomic.Int32
 	// closed: GUARDED_BY(Root.mu)
 	closed bool
 }
@@ -131,11 +155,34 @@ func New(dir string, opts Options) (*Node, error) {
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "statx", Path: dir, Err: err}
 	}
-	r := &Root{opts: opts, dev: devOf(&st), euid: os.Geteuid(), inodes: map[inodeKey]*backing{}, budget: fdBudget()}
+	r := &Root{opts: opts, dev: devOf(&st), euid: os.Geteuid(), inodes: map[inodeKey]*backing{}, budget: fdBudget(), mountFd: -1}
+	r.probeHandles(fd)
 	b := &backing{fd: fd, key: inodeKey{devOf(&st), st.Ino}, gen: genOf(&st), refs: 1}
+	r.open.Add(1)
 	r.inodes[b.key] = b
 	r.top = newNode(r, b)
 	return r.top, nil
+}
+
+// probeHandles sets handles if the root's inode, taken as a file handle,
+// opens again: that needs CAP_DAC_READ_SEARCH, and a filesystem that
+// exports handles (ext4, xfs, btrfs and tmpfs do).
+func (r *Root) probeHandles(root int) {
+	h, _, err := unix.NameToHandleAt(root, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return
+	}
+	mfd, err := unix.Open(procPath(root), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0) // not O_PATH: the kernel refuses one
+	if err != nil {
+		return
+	}
+	fd, err := unix.OpenByHandleAt(mfd, h, unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		unix.Close(mfd)
+		return
+	}
+	unix.Close(fd)
+	r.handles, r.mountFd = true, mfd
 }
 
 // fdBudget is half the descriptor limit (at least 512): the share of it the
@@ -146,6 +193,119 @@ func fdBudget() int {
 		return 1 << 29
 	}
 	return max(int(rl.Cur/2), 512)
+}
+
+// overBudget starts a shed or a relieve once more backing descriptors
+// are open than the budget, unless one is under way.
+func (r *Root) overBudget() {
+	if r.open.Load() > int64(r.budget) && r.top != nil && r.relieving.CompareAndSwap(false, true) {
+		if r.handles {
+			go func() {
+				defer r.relieving.Store(false)
+				r.shed(int(r.open.Load()) - r.budget*3/4)
+			}()
+		} else {
+			go r.relieve(false)
+		}
+	}
+}
+
+// shed closes the descriptors of up to want backing inodes, the least
+// recently used, and keeps each as a file handle, which opens it again
+// when it is next used (Node.fd): the kernel keeps every entry and inode
+// it caches, however large the tree, and the daemon stays within its
+// descriptor budget. Only an inode of the root's filesystem with a birth
+// time, with no operation under way and not open through the mount, and
+// not unlinked by design (O_TMPFILE), is shed.
+func (r *Root) shed(want int) int {
+	if want <= 0 {
+		return 0
+	}
+	top := r.top.r.Load().b
+	r.mu.Lock()
+	cands := make([]*backing, 0, len(r.inodes))
+	for _, b := range r.inodes {
+		if !b.closed && b != top && b.key.dev == r.dev && b.gen != 1 && !b.tmp.Load() {
+			cands = append(cands, b)
+		}
+	}
+	r.mu.Unlock()
+	slices.SortFunc(cands, func(a, b *backing) int { return cmp.Compare(a.used.Load(), b.used.Load()) })
+	shed := 0
+	for _, b := range cands {
+		if shed >= want {
+			break
+		}
+		if b.files.Load() > 0 || !b.fmu.TryLock() {
+			continue
+		}
+		if b.fd >= 0 && b.users == 0 && !b.dead {
+			if b.handle == nil {
+				if h, _, err := unix.NameToHandleAt(b.fd, "", unix.AT_EMPTY_PATH); err == nil {
+					b.handle = &h
+				}
+			}
+			if b.handle != nil {
+				unix.Close(b.fd)
+				b.fd = -1
+				r.open.Add(-1)
+				shed++
+			}
+		}
+		b.fmu.Unlock()
+	}
+	return shed
+}
+
+// use pins b's descriptor for one operation, opening it again by its
+// file handle if it was shed; done unpins it.
+func (r *Root) use(b *backing) (int, syscall.Errno) {
+	b.used.Store(r.clock.Add(1))
+	opened := false
+	b.fmu.Lock()
+	for b.fd < 0 && !b.dead {
+		h := *b.handle
+		b.fmu.Unlock()
+		// The inode itself, by its handle: no name is resolved. A
+		// handle of an inode since deleted fails with ESTALE.
+		fd, err := r.openFd(func() (int, error) { return unix.OpenByHandleAt(r.mountFd, h, unix.O_PATH|unix.O_CLOEXEC) })
+		if err == unix.ESTALE {
+			err = unix.ENOENT // deleted since: as a lookup of it would say
+		}
+		if err != nil {
+			return -1, errnoOf(err)
+		}
+		b.fmu.Lock()
+		if b.fd < 0 && !b.dead {
+			b.fd = fd
+			r.open.Add(1)
+			opened = true
+		} else {
+			unix.Close(fd)
+		}
+	}
+	if b.dead {
+		b.fmu.Unlock()
+		return -1, syscall.ESTALE
+	}
+	b.users++
+	fd := b.fd
+	b.fmu.Unlock()
+	if opened {
+		r.overBudget()
+	}
+	return fd, 0
+}
+
+func (r *Root) done(b *backing) {
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
+	b.users--
+	if b.users == 0 && b.dead && b.fd >= 0 {
+		unix.Close(b.fd)
+		b.fd = -1
+		r.open.Add(-1)
+	}
 }
 
 // relieve asks the kernel to forget the cached entries of a quarter of
@@ -159,13 +319,12 @@ func fdBudget() int {
 // can deadlock.
 func (r *Root) relieve(short bool) {
 	defer r.relieving.Store(false)
-	r.mu.Lock()
-	want := len(r.inodes) - r.budget/2
+	open := int(r.open.Load())
+	want := open - r.budget/2
 	if short {
 		// Out of descriptors already, within the budget or not.
-		want = max(want, len(r.inodes)/2)
+		want = max(want, open/2)
 	}
-	r.mu.Unlock()
 	var walk func(in *gofs.Inode) bool
 	walk = func(in *gofs.Inode) bool {
 		for name, ch := range in.Children() {
@@ -258,10 +417,19 @@ func (r *Root) acquire(st *unix.Statx_t, fd int) *backing {
 	key, gen := inodeKey{devOf(st), st.Ino}, genOf(st)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if b := r.inodes[key]; b != nil && !b.closed && b.gen == gen && (gen != 1 || sameFile(b.fd, st)) {
+	if b := r.inodes[key]; b != nil && !b.closed && b.gen == gen && (gen != 1 || sameFile(b, st)) {
 		b.refs++
 		if fd >= 0 {
-			unix.Close(fd)
+			b.fmu.Lock()
+			if b.fd < 0 {
+				b.fd = fd // shed: the caller's opens it again
+				r.open.Add(1)
+				fd = -1
+			}
+			b.fmu.Unlock()
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 		}
 		return b
 	}
@@ -271,10 +439,10 @@ func (r *Root) acquire(st *unix.Statx_t, fd int) *backing {
 	// A record with another birth time is of an inode since deleted
 	// whose number the filesystem reused; its nodes keep it.
 	b := &backing{fd: fd, key: key, gen: gen, refs: 1}
+	b.used.Store(r.clock.Add(1))
 	r.inodes[key] = b
-	if len(r.inodes) > r.budget && r.top != nil && r.relieving.CompareAndSwap(false, true) {
-		go r.relieve(false)
-	}
+	r.open.Add(1)
+	r.overBudget()
 	return b
 }
 
@@ -287,6 +455,11 @@ func (r *Root) openFd(open func() (int, error)) (int, error) {
 		if (err != unix.EMFILE && err != unix.ENFILE) || i == 20 || r.top == nil {
 			return fd, err
 		}
+		if r.handles {
+			// Out of descriptors: shed a quarter of them now.
+			r.shed(max(int(r.open.Load())/4, 1))
+			continue
+		}
 		if r.relieving.CompareAndSwap(false, true) {
 			go r.relieve(true)
 		}
@@ -295,10 +468,13 @@ func (r *Root) openFd(open func() (int, error)) (int, error) {
 }
 
 // sameFile guards the reuse of a record on filesystems without birth
-// times: its inode must still be linked and of the same type.
-func sameFile(fd int, st *unix.Statx_t) bool {
+// times (whose records are never shed): its inode must still be linked
+// and of the same type.
+func sameFile(b *backing, st *unix.Statx_t) bool {
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
 	var cur unix.Statx_t
-	return statFd(fd, &cur) == nil && cur.Nlink > 0 && cur.Mode&syscall.S_IFMT == st.Mode&syscall.S_IFMT
+	return b.fd >= 0 && statFd(b.fd, &cur) == nil && cur.Nlink > 0 && cur.Mode&syscall.S_IFMT == st.Mode&syscall.S_IFMT
 }
 
 // release drops a reference; the last one closes the descriptor after
@@ -308,7 +484,7 @@ func (r *Root) release(b *backing) {
 	b.refs--
 	last := b.refs == 0
 	grace := closeGrace
-	if len(r.inodes) > r.budget {
+	if r.open.Load() > int64(r.budget) {
 		grace = pressedGrace // descriptors are short: close them soon
 	}
 	r.mu.Unlock()
@@ -324,9 +500,16 @@ func (r *Root) reap(b *backing) {
 		return
 	}
 	b.closed = true
-	unix.Close(b.fd)
 	if r.inodes[b.key] == b {
 		delete(r.inodes, b.key)
+	}
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
+	b.dead = true
+	if b.users == 0 && b.fd >= 0 {
+		unix.Close(b.fd)
+		b.fd = -1
+		r.open.Add(-1)
 	}
 }
 
@@ -342,7 +525,11 @@ func (r *Root) revive(b *backing) bool {
 }
 
 // Inodes returns the number of backing descriptors held open.
-func (r *Root) Inodes() int {
+func (r *Root) Inodes() int { return int(r.open.Load()) }
+
+// Known returns the number of backing inodes the kernel knows, held open
+// or by file handle.
+func (r *Root) Known() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
