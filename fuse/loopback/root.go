@@ -200,12 +200,25 @@ func fdBudget() int {
 func (r *Root) overBudget() {
 	if r.open.Load() > int64(r.budget) && r.top != nil && r.relieving.CompareAndSwap(false, true) {
 		if r.handles {
-			go func() {
-				defer r.relieving.Store(false)
-				r.shed(int(r.open.Load()) - r.budget*3/4)
-			}()
+			go r.shedOver()
 		} else {
 			go r.relieve(false)
+		}
+	}
+}
+
+// shedOver sheds until the tree is within its budget, or nothing more
+// can be shed. Descriptors opened meanwhile (whose overBudget found it
+// under way) are shed too.
+func (r *Root) shedOver() {
+	for {
+		progress := false
+		for r.open.Load() > int64(r.budget) && r.shed(int(r.open.Load())-r.budget*3/4) > 0 {
+			progress = true
+		}
+		r.relieving.Store(false)
+		if !progress || r.open.Load() <= int64(r.budget) || !r.relieving.CompareAndSwap(false, true) {
+			return
 		}
 	}
 }
@@ -455,12 +468,13 @@ func (r *Root) openFd(open func() (int, error)) (int, error) {
 		if (err != unix.EMFILE && err != unix.ENFILE) || i == 20 || r.top == nil {
 			return fd, err
 		}
-		if r.handles {
+		switch {
+		case r.handles:
 			// Out of descriptors: shed a quarter of them now.
-			r.shed(max(int(r.open.Load())/4, 1))
-			continue
-		}
-		if r.relieving.CompareAndSwap(false, true) {
+			if r.shed(max(int(r.open.Load())/4, 1)) > 0 {
+				continue
+			}
+		case r.relieving.CompareAndSwap(false, true):
 			go r.relieve(true)
 		}
 		time.Sleep(time.Duration(i+1) * 10 * time.Millisecond)
