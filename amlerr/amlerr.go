@@ -26,6 +26,9 @@ const (
 	RevisionIDConflict = "REVISION_ID_CONFLICT"
 	// InvalidStore: the durable store holds something malformed or missing.
 	InvalidStore = "INVALID_STORE"
+	// RevisionNotFound: the revision asked for (--load, --from) is not in
+	// the workspace's index, or the workspace has none yet.
+	RevisionNotFound = "REVISION_NOT_FOUND"
 	// LimitExceeded: a tree or artifact exceeds the configured limits.
 	LimitExceeded = "LIMIT_EXCEEDED"
 	// UnsupportedEntry: a symlink or special file is in the save selection.

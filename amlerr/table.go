@@ -45,6 +45,7 @@ var table = map[string]Row{
 	PublishConflict:    {PublishConflict, syscall.EIO, http.StatusConflict, ExitConflict},
 	RevisionIDConflict: {RevisionIDConflict, syscall.EEXIST, http.StatusConflict, ExitRevisionID},
 	InvalidStore:       {InvalidStore, syscall.EIO, http.StatusInternalServerError, ExitOther},
+	RevisionNotFound:   {RevisionNotFound, syscall.ENOENT, http.StatusNotFound, ExitOther},
 	LimitExceeded:      {LimitExceeded, syscall.EFBIG, http.StatusInternalServerError, ExitOther},
 	UnsupportedEntry:   {UnsupportedEntry, syscall.EIO, http.StatusInternalServerError, ExitOther},
 	LockLost:           {LockLost, syscall.EIO, http.StatusInternalServerError, ExitOther},

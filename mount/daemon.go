@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -206,8 +207,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 		return err
 	}
 	defer stopMetrics()
-	if err := d.start(ctx); err != nil {
-		d.cleanupFailedStart(ctx)
+	// The signals are caught from the start: one that stops the daemon
+	// (SIGTERM, SIGINT) while it mounts cancels the mount, which then
+	// takes nothing and leaves nothing behind; one after it is served
+	// stops it as usual (loop).
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	if err := d.startCancellable(ctx, sigs); err != nil {
+		d.cleanupFailedStart(context.WithoutCancel(ctx))
 		return err
 	}
 	d.registerGauges()
@@ -234,7 +242,59 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 			d.log.Debug("every file's bytes are local")
 		}
 	}()
-	return d.loop(ctx)
+	return d.loop(ctx, sigs)
+}
+
+// startCancellable runs start, cancelled by a SIGTERM or SIGINT from sigs
+// that comes before it is done. A stop signal that comes as it ends is
+// given back to sigs, so that loop stops the daemon at once.
+func (d *Daemon) startCancellable(ctx context.Context, sigs chan os.Signal) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		started bool
+		stopSig os.Signal
+	)
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case s := <-sigs:
+				if s != syscall.SIGTERM && s != syscall.SIGINT {
+					continue // a checkpoint or a refresh before the mount serves: nothing to do
+				}
+				mu.Lock()
+				if !started {
+					stopSig = s
+					cancel()
+				}
+				mu.Unlock()
+				if stopSig == nil {
+					sigs <- s // served already: loop's
+				}
+				return
+			case <-done:
+				return
+			}
+		}
+	}()
+	err := d.start(sctx)
+	mu.Lock()
+	started = true
+	s := stopSig
+	mu.Unlock()
+	close(done)
+	<-watched
+	switch {
+	case s != nil && err != nil:
+		d.log.Info("mount cancelled", "signal", s.String())
+		return amlerr.New(amlerr.DaemonStopped, d.cfg.Mountpoint, "mount cancelled by %s before it was ready", s)
+	case s != nil:
+		sigs <- s // it mounted as the signal came: stopped now
+	}
+	return err
 }
 
 func (d *Daemon) setPhase(p string) {

@@ -19,8 +19,11 @@ type Status struct {
 	MountID uint64 `json:"mountId"`
 	// MountedAt is where the mount is now, as the kernel names it: the
 	// mountpoint, unless a parent of it was renamed since.
-	MountedAt       string `json:"mountedAt"`
-	WorkDir         string `json:"workDir"`
+	MountedAt string `json:"mountedAt"`
+	WorkDir   string `json:"workDir"`
+	// Socket is this daemon's control socket: the HTTP API of commits,
+	// unmounts and the file tools.
+	Socket          string `json:"socket"`
 	PID             int    `json:"pid"`
 	Phase           string `json:"phase"`
 	CurrentRevision string `json:"currentRevision"`
@@ -69,7 +72,7 @@ func (d *Daemon) status(askStore bool) Status {
 	defer d.mu.Unlock()
 	st := Status{
 		Metrics: snap,
-		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, MountID: d.fs.Mount().ID(), MountedAt: d.fs.Mount().Where(), WorkDir: d.workDir,
+		ID:      d.cfg.ID, Store: StoreNone, Mountpoint: d.cfg.Mountpoint, MountID: d.fs.Mount().ID(), MountedAt: d.fs.Mount().Where(), WorkDir: d.workDir, Socket: SocketPath(d.cfg.Mountpoint),
 		PID: os.Getpid(), Phase: d.phase, BaseRevision: d.baseRev, Changes: d.fs.Changes(),
 		Passthrough: d.fs.Passthrough(), Serve: d.serve, ServeWhy: d.serveWhy, SavePolicy: d.cfg.Save, LastSave: d.lastSave, StartedAt: d.startedAt,
 		Lock: "none", Health: "ok",

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -17,10 +16,7 @@ import (
 
 // loop waits for a stop: a signal, a control request, or an external
 // unmount.
-func (d *Daemon) loop(ctx context.Context) error {
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+func (d *Daemon) loop(ctx context.Context, sigs <-chan os.Signal) error {
 	served := make(chan struct{})
 	go func() { d.fs.Wait(); close(served) }()
 	for {

@@ -341,11 +341,11 @@ func (w *Workspace) Resolve(rev string) (format.Entry, error) {
 	w.imu.Lock()
 	defer w.imu.Unlock()
 	if w.index == nil {
-		return format.Entry{}, amlerr.New(amlerr.InvalidStore, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
+		return format.Entry{}, amlerr.New(amlerr.RevisionNotFound, w.opts.ID, "workspace has no revisions yet (load with --load none to start it)")
 	}
 	e, ok := w.index.Resolve(rev)
 	if !ok {
-		return format.Entry{}, amlerr.New(amlerr.InvalidStore, rev, "no such revision in %s", w.store)
+		return format.Entry{}, amlerr.New(amlerr.RevisionNotFound, rev, "no such revision in %s", w.store)
 	}
 	return e, nil
 }

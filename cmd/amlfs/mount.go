@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -199,6 +200,21 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 		return err
 	}
 	w.Close()
+	// Stopped before the mount is ready (a caller cancelling it), this
+	// command stops the daemon: it cancels the mount, takes nothing and
+	// leaves nothing behind, and its error is reported here.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	waiting := make(chan struct{})
+	defer close(waiting)
+	go func() {
+		select {
+		case s := <-sigs:
+			cmd.Process.Signal(s)
+		case <-waiting:
+		}
+	}()
 	br := bufio.NewReader(r)
 	tty := isTTY(c.App.ErrWriter)
 	var line string
