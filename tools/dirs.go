@@ -161,9 +161,9 @@ func (t *FS) Stat(a PathArgs) (*Entry, error) {
 		defer unix.Close(fd)
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
-			return nil, errno("/", err)
+			return nil, errno(t.show(r), err)
 		}
-		en := entry("/", fd, "", &st)
+		en := entry(t.show(r), fd, "", &st)
 		return &en, nil
 	}
 	dfd, name, e := t.parent(r)

@@ -267,6 +267,12 @@ func TestSandboxPaths(t *testing.T) {
 	if e != nil || !strings.Contains(string(mustJSON(m)), "/workspace/report.md") {
 		t.Errorf("list_files /workspace: %v %v", m, e)
 	}
+	// The root, named any way, is the mount's path as the sandbox sees it.
+	for _, p := range []string{"/workspace", ".", ""} {
+		if m, e := call(t, fs, "file_stat", `{"path":"`+p+`"}`); e != nil || m["path"] != "/workspace" || m["type"] != "directory" {
+			t.Errorf("file_stat %q: %v %v", p, m, e)
+		}
+	}
 }
 
 func mustJSON(v any) []byte {
