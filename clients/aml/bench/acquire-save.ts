@@ -1,0 +1,95 @@
+// Acquire and one-file-change save of a 10k-file workspace: amlfsWorkspace
+// beside AML's own filesystemWorkspace (file store) and s3Workspace (S3:
+// versitygw on loopback), the same revision in the same store, targets
+// rotated each round; run by bench/aml.sh, which reports the ratios.
+import { mkdir, writeFile } from "node:fs/promises"
+import path from "node:path"
+
+import { S3Client } from "@aws-sdk/client-s3"
+
+import { filesystemWorkspace } from "../test/.aml/providers/workspaces/local/src/filesystem-workspace.js"
+import { s3Workspace } from "../test/.aml/providers/workspaces/s3/src/index.js"
+import { amlfsWorkspace, type WorkspaceProvider } from "../src/index.js"
+import { amlfsBin, s3Env, startS3, tempDir } from "../test/harness.js"
+
+const files = Number(process.env.FILES ?? 10000)
+const rounds = Number(process.env.ROUNDS ?? 3)
+const size = 4096
+
+const req = (id: string) => ({ evaluationId: "bench", id, signal: new AbortController().signal })
+const save = { exclude: [], gitignore: true, outcome: "success" as const, retention: 1, signal: new AbortController().signal }
+
+async function seed(dir: string): Promise<void> {
+  const body = Buffer.alloc(size, "x")
+  for (let d = 0; d < files / 100; d++) {
+    await mkdir(path.join(dir, `d${d}`), { recursive: true })
+    for (let f = 0; f < 100; f++) {
+      await writeFile(path.join(dir, `d${d}`, `f${f}`), body)
+    }
+  }
+}
+
+interface Times {
+  acquire: number[]
+  save: number[]
+}
+
+async function time<T>(fn: () => Promise<T>): Promise<[number, T]> {
+  const t = performance.now()
+  const v = await fn()
+  return [(performance.now() - t) / 1000, v]
+}
+
+async function measure(name: string, providers: Record<string, WorkspaceProvider>, id: string): Promise<Record<string, Times>> {
+  // The workspace, saved once by AML's own provider.
+  const first = Object.values(providers)[0]!
+  const lease = await first.acquire(req(id))
+  await seed(lease.directory)
+  await lease.save(save)
+  await lease.release()
+  const out: Record<string, Times> = {}
+  const names = Object.keys(providers)
+  for (let r = 0; r < rounds; r++) {
+    for (let i = 0; i < names.length; i++) {
+      const n = names[(i + r) % names.length]!
+      const [acq, l] = await time(() => providers[n]!.acquire(req(id)))
+      // One file changed, as an agent's step does.
+      await writeFile(path.join(l.directory, "d0", "f0"), `round ${r} ${n}\n`)
+      const [sv] = await time(() => l.save(save))
+      await l.release()
+      out[n] ??= { acquire: [], save: [] }
+      out[n].acquire.push(acq)
+      out[n].save.push(sv)
+    }
+  }
+  console.log(JSON.stringify({ store: name, files, rounds, times: out }))
+  return out
+}
+
+const [dir, done] = await tempDir("amlfs-aml-bench-")
+const s3 = await startS3()
+try {
+  const tmp = path.join(dir, "tmp")
+  const store = path.join(dir, "store")
+  await measure(
+    "file",
+    {
+      filesystemWorkspace: filesystemWorkspace({ directory: store, temporaryDirectory: tmp }),
+      amlfsWorkspace: amlfsWorkspace({ directory: store, amlfs: amlfsBin(), cacheDirectory: path.join(dir, "cache"), temporaryDirectory: tmp }),
+    },
+    "bench"
+  )
+  const env = s3Env()
+  const config = { endpoint: s3.endpoint, forcePathStyle: true, region: "us-east-1", credentials: { accessKeyId: env.AWS_ACCESS_KEY_ID!, secretAccessKey: env.AWS_SECRET_ACCESS_KEY! } }
+  await measure(
+    "s3",
+    {
+      s3Workspace: s3Workspace({ bucket: s3.bucket, client: new S3Client(config), temporaryDirectory: tmp }),
+      amlfsWorkspace: amlfsWorkspace({ bucket: s3.bucket, config, env, amlfs: amlfsBin(), cacheDirectory: path.join(dir, "cache-s3"), temporaryDirectory: tmp }),
+    },
+    "bench"
+  )
+} finally {
+  await s3.stop()
+  await done()
+}
