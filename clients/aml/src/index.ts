@@ -359,19 +359,7 @@ async function acquire(p: Parsed, request: WorkspaceAcquireRequest): Promise<Wor
     request.signal.throwIfAborted()
     return createLease(p, run, { directory, leaseRoot, mount, id, workspace, revisionId: status.baseRevision || undefined, serve: status.serve })
   } catch (cause) {
-    const errors: unknown[] = []
-    if (mounted) {
-      try {
-        await unmount(directory, run)
-      } catch (error) {
-        errors.push(error)
-      }
-    }
-    try {
-      await rm(leaseRoot, { force: true, recursive: true })
-    } catch (error) {
-      errors.push(error)
-    }
+    const errors = await cleanup(mounted ? directory : undefined, leaseRoot, run)
     if (errors.length > 0) {
       throw new AggregateError([cause, ...errors], "amlfs Workspace acquisition and cleanup failed")
     }
@@ -477,19 +465,30 @@ function createLease(
   })
 }
 
-/** Unmounts without saving and removes the lease's directory; both are tried whatever failed. */
-async function release(directory: string, leaseRoot: string, run: RunOptions): Promise<void> {
+/**
+ * Unmounts directory without saving (if given) and removes the lease's
+ * directory; both are tried whatever failed, and their errors returned.
+ */
+async function cleanup(directory: string | undefined, leaseRoot: string, run: RunOptions): Promise<unknown[]> {
   const errors: unknown[] = []
-  try {
-    await unmount(directory, run)
-  } catch (error) {
-    errors.push(error)
+  if (directory !== undefined) {
+    try {
+      await unmount(directory, run)
+    } catch (error) {
+      errors.push(error)
+    }
   }
   try {
     await rm(leaseRoot, { force: true, recursive: true })
   } catch (error) {
     errors.push(error)
   }
+  return errors
+}
+
+/** Unmounts without saving, freeing the lease, and removes the lease's directory. */
+async function release(directory: string, leaseRoot: string, run: RunOptions): Promise<void> {
+  const errors = await cleanup(directory, leaseRoot, run)
   if (errors.length === 1) {
     throw errors[0]
   }

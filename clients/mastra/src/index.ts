@@ -488,33 +488,25 @@ function abs(p: string): string {
   return path.posix.normalize(`/${p}`)
 }
 
-/** amlfs's and node's error codes as Mastra's filesystem errors. */
+/** amlfs's and node's error codes, and the Mastra filesystem error each is. */
+const errorOf: Record<string, new (path: string) => Error> = {
+  ENOENT: FileNotFoundError,
+  EEXIST: FileExistsError,
+  EISDIR: IsDirectoryError,
+  ENOTDIR: NotDirectoryError,
+  ENOTEMPTY: DirectoryNotEmptyError,
+}
+
+const denied = new Set(["EACCES", "EPERM", "EROFS", "PATH_ESCAPES_MOUNT"])
+
+/** An error of amlfs or node as Mastra's, with the original as its cause. */
 function mapError(error: unknown, p: string, operation: string): unknown {
   const code = AmlfsError.is(error) ? error.code : (error as { code?: string } | undefined)?.code
-  let mapped: Error | undefined
-  switch (code) {
-    case "ENOENT":
-      mapped = new FileNotFoundError(abs(p))
-      break
-    case "EEXIST":
-      mapped = new FileExistsError(abs(p))
-      break
-    case "EISDIR":
-      mapped = new IsDirectoryError(abs(p))
-      break
-    case "ENOTDIR":
-      mapped = new NotDirectoryError(abs(p))
-      break
-    case "ENOTEMPTY":
-      mapped = new DirectoryNotEmptyError(abs(p))
-      break
-    case "EACCES":
-    case "EPERM":
-    case "EROFS":
-    case "PATH_ESCAPES_MOUNT":
-      mapped = new PermissionError(abs(p), operation)
-      break
+  if (code === undefined) {
+    return error
   }
+  const E = errorOf[code]
+  const mapped = E !== undefined ? new E(abs(p)) : denied.has(code) ? new PermissionError(abs(p), operation) : undefined
   if (mapped === undefined) {
     return error
   }
