@@ -74,9 +74,11 @@ for round in $(seq "$ROUNDS"); do
     t find "$d" -name '*.go'; keep "$target,find" "$T"
     t ls -lR "$d"; keep "$target,ls-lR" "$T"
     t grep -r -l 'func main' "$d"; keep "$target,grep-r" "$T"
-    # A warm `git status` of the tree (a repository made untimed; the
-    # first status primes the caches): what an agent runs at every step.
-    t sh -c "cd '$d/src' && git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -qm t && git status --porcelain"
+    # A warm `git status` of the tree (a repository made untimed, with
+    # its objects packed and no background auto-gc, which would run
+    # during the timed status; the first status primes the caches): what
+    # an agent runs at every step.
+    t sh -c "cd '$d/src' && git init -q && git config gc.auto 0 && git config maintenance.auto false && git add -A && git -c user.name=b -c user.email=b@b commit -qm t && git gc -q && git status --porcelain"
     t git -C "$d/src" status --porcelain; keep "$target,git-status" "$T"
     t rm -rf "$d/src"; keep "$target,rm-rf" "$T"
   done

@@ -79,9 +79,11 @@ fi
 # --- 3. git status after a lazy restore -----------------------------------
 if only git; then
 mkrepo() (
-  cd "$1" && git init -q . && git config user.email b@b && git config user.name b
+  # Objects packed, and no background auto-gc to run during the timed
+  # steps after it.
+  cd "$1" && git init -q . && git config user.email b@b && git config user.name b && git config gc.auto 0
   for d in $(seq 0 127); do mkdir "d$d"; for f in $(seq 0 99); do echo "$d $f" > "d$d/f$f.txt"; done; done
-  git add -A && git commit -qm init
+  git add -A && git commit -qm init && git gc -q
   # Past git's racy-clean second, as any later moment of a session is.
   sleep 1.1 && git status --porcelain >/dev/null
 )
