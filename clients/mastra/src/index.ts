@@ -7,7 +7,7 @@
  * through the mount itself.
  */
 import { constants } from "node:fs"
-import { appendFile, copyFile, cp, lstat, rename } from "node:fs/promises"
+import { appendFile, copyFile, cp, lstat, readdir, rename } from "node:fs/promises"
 import path from "node:path"
 
 import { AmlfsError, AmlfsMount, amlfs, run, type RunOptions } from "@amlfs/client"
@@ -249,7 +249,7 @@ export class AmlfsFilesystem extends MastraFilesystem {
     try {
       r = await this.#call("read_file", { path: rel(p) }, p)
     } catch (error) {
-      if (!AmlfsError.is((error as Error).cause, "TOO_LARGE")) {
+      if (!AmlfsError.is(error, "TOO_LARGE")) {
         throw error
       }
       // Over the tools' 10 MiB: read through the mount.
@@ -393,7 +393,11 @@ export class AmlfsFilesystem extends MastraFilesystem {
     if (st.type !== "directory") {
       throw new NotDirectoryError(abs(p))
     }
-    const r = await this.#call<{ path: string; entries: ToolEntry[] }>("list_files", { path: rel(p), depth }, p)
+    let r = await this.#call<{ path: string; entries: ToolEntry[]; truncated: boolean }>("list_files", { path: rel(p), depth }, p)
+    if (r.truncated) {
+      // Over the tools' 10,000 entries: listed through the mount, whole.
+      r = { path: r.path, entries: await listMount(await this.#host(p), r.path, depth), truncated: false }
+    }
     const exts = options?.extension === undefined ? undefined : [options.extension].flat()
     const out: FileEntry[] = []
     for (const e of r.entries) {
@@ -476,6 +480,27 @@ export class AmlfsFilesystem extends MastraFilesystem {
     }
     return [...byFile.values()]
   }
+}
+
+/**
+ * Lists dir (on the mount) to depth (0: all) as list_files would, with
+ * paths under shown, the path list_files gave dir.
+ */
+async function listMount(dir: string, shown: string, depth: number): Promise<ToolEntry[]> {
+  const out: ToolEntry[] = []
+  const walk = async (d: string, rel: string, level: number): Promise<void> => {
+    for (const e of await readdir(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name)
+      const st = await lstat(p)
+      const type = e.isDirectory() ? "directory" : e.isFile() ? "file" : e.isSymbolicLink() ? "symlink" : "other"
+      out.push({ path: path.posix.join(shown, rel, e.name), type, size: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString() })
+      if (type === "directory" && (depth === 0 || level < depth)) {
+        await walk(p, path.posix.join(rel, e.name), level + 1)
+      }
+    }
+  }
+  await walk(dir, "", 1)
+  return out.sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0))
 }
 
 /** A Mastra path (absolute in the filesystem) as the tools take it: relative to the mount's root. */

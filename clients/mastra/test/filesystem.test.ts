@@ -139,6 +139,16 @@ describe("AmlfsFilesystem", () => {
     const found = await fs.grep({ pattern: "TWO", path: "/", caseSensitive: false, includeHidden: false })
     assert.deepEqual(found.map(f => f.path).sort(), ["a.txt", "dir/c.txt"])
     assert.deepEqual(found[0]!.matches[0], { line: 2, column: 0, text: "two" })
+    // Over the tools' 10,000 entries: listed whole, through the mount.
+    await mkdir(path.join(mp, "many"))
+    for (let i = 0; i < 10050; i++) {
+      await writeFile(path.join(mp, "many", `f${i}`), "")
+    }
+    assert.equal((await fs.readdir("/many")).length, 10050)
+    // Over the tools' 10 MiB: read through the mount.
+    const big = Buffer.alloc(11 << 20, 7)
+    await writeFile(path.join(mp, "big.bin"), big)
+    assert.ok(big.equals((await fs.readFile("/big.bin")) as Buffer))
     await fs.deleteFile("/a.txt")
     await fs.deleteFile("/a.txt", { force: true })
     await fs.destroy()
