@@ -247,10 +247,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, hooks Hooks) error {
 
 // startCancellable runs start, cancelled by a SIGTERM or SIGINT from sigs
 // that comes before it is done. A stop signal that comes as it ends is
-// given back to sigs, so that loop stops the daemon at once.
+// given back to sigs, so that loop stops the daemon at once. The context
+// start gets stays live until the daemon stops, since what start opens
+// may keep it.
 func (d *Daemon) startCancellable(ctx context.Context, sigs chan os.Signal) error {
 	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var (
 		mu      sync.Mutex
 		started bool
@@ -287,14 +288,19 @@ func (d *Daemon) startCancellable(ctx context.Context, sigs chan os.Signal) erro
 	mu.Unlock()
 	close(done)
 	<-watched
-	switch {
-	case s != nil && err != nil:
-		d.log.Info("mount cancelled", "signal", s.String())
-		return amlerr.New(amlerr.DaemonStopped, d.cfg.Mountpoint, "mount cancelled by %s before it was ready", s)
-	case s != nil:
+	if err != nil {
+		cancel()
+		if s != nil {
+			d.log.Info("mount cancelled", "signal", s.String())
+			return amlerr.New(amlerr.DaemonStopped, d.cfg.Mountpoint, "mount cancelled by %s before it was ready", s)
+		}
+		return err
+	}
+	d.closers = append(d.closers, func() error { cancel(); return nil })
+	if s != nil {
 		sigs <- s // it mounted as the signal came: stopped now
 	}
-	return err
+	return nil
 }
 
 func (d *Daemon) setPhase(p string) {

@@ -259,9 +259,7 @@ func (r *Root) shed(want int) int {
 				}
 			}
 			if b.handle != nil {
-				unix.Close(b.fd)
-				b.fd = -1
-				r.open.Add(-1)
+				r.closeFd(b)
 				shed++
 			}
 		}
@@ -315,10 +313,15 @@ func (r *Root) done(b *backing) {
 	defer b.fmu.Unlock()
 	b.users--
 	if b.users == 0 && b.dead && b.fd >= 0 {
-		unix.Close(b.fd)
-		b.fd = -1
-		r.open.Add(-1)
+		r.closeFd(b)
 	}
+}
+
+// closeFd closes b's descriptor and stops counting it. Must hold b.fmu.
+func (r *Root) closeFd(b *backing) {
+	unix.Close(b.fd)
+	b.fd = -1
+	r.open.Add(-1)
 }
 
 // relieve asks the kernel to forget the cached entries of a quarter of
@@ -434,13 +437,15 @@ func (r *Root) acquire(st *unix.Statx_t, fd int) *backing {
 		b.refs++
 		if fd >= 0 {
 			b.fmu.Lock()
-			if b.fd < 0 {
+			adopted := b.fd < 0
+			if adopted {
 				b.fd = fd // shed: the caller's opens it again
 				r.open.Add(1)
-				fd = -1
 			}
 			b.fmu.Unlock()
-			if fd >= 0 {
+			if adopted {
+				r.overBudget()
+			} else {
 				unix.Close(fd)
 			}
 		}
@@ -521,9 +526,7 @@ func (r *Root) reap(b *backing) {
 	defer b.fmu.Unlock()
 	b.dead = true
 	if b.users == 0 && b.fd >= 0 {
-		unix.Close(b.fd)
-		b.fd = -1
-		r.open.Add(-1)
+		r.closeFd(b)
 	}
 }
 

@@ -354,8 +354,7 @@ async function acquire(p: Parsed, request: WorkspaceAcquireRequest): Promise<Wor
       throw mapError(cliError(result), id, revision)
     }
     mounted = true
-    const mount = await AmlfsMount.connect(directory, run)
-    const status = await mount.status(request.signal)
+    const { mount, status } = await AmlfsMount.find(directory, run)
     request.signal.throwIfAborted()
     return createLease(p, run, { directory, leaseRoot, mount, id, workspace, revisionId: status.baseRevision || undefined, serve: status.serve })
   } catch (cause) {

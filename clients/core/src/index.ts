@@ -169,11 +169,16 @@ export class AmlfsMount {
 
   /** Finds the daemon serving mountpoint (`amlfs status --json`). */
   static async connect(mountpoint: string, options: RunOptions = {}): Promise<AmlfsMount> {
+    return (await AmlfsMount.find(mountpoint, options)).mount
+  }
+
+  /** connect, with the status it read. */
+  static async find(mountpoint: string, options: RunOptions = {}): Promise<{ mount: AmlfsMount; status: MountStatus }> {
     const status = JSON.parse(await amlfs(["status", mountpoint, "--json"], options)) as MountStatus
     if (typeof status.socket !== "string" || status.socket === "") {
       throw new AmlfsError({ code: "AMLFS_FAILED", message: `amlfs status names no control socket for ${mountpoint}` })
     }
-    return new AmlfsMount(mountpoint, status.socket)
+    return { mount: new AmlfsMount(mountpoint, status.socket), status }
   }
 
   /** One HTTP+JSON call; an error answer rejects with its AmlfsError. */

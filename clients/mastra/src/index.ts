@@ -10,7 +10,7 @@ import { constants } from "node:fs"
 import { appendFile, copyFile, cp, lstat, readdir, rename } from "node:fs/promises"
 import path from "node:path"
 
-import { AmlfsError, AmlfsMount, amlfs, run, type RunOptions } from "@amlfs/client"
+import { AmlfsError, AmlfsMount, amlfs, type RunOptions } from "@amlfs/client"
 import {
   DirectoryNotEmptyError,
   DirectoryNotFoundError,
@@ -140,10 +140,16 @@ export class AmlfsFilesystem extends MastraFilesystem {
     if (this.#mountpoint === undefined) {
       return // a sandbox mounts it (amlfsOnMount)
     }
-    if (this.#mount !== undefined && !(await this.#served(this.#mountpoint))) {
-      await amlfs(["mount", "--daemon", this.#mountpoint, ...this.#mount], this.#run)
-      this.#mountedHere = true
+    try {
+      this.#client = await AmlfsMount.connect(this.#mountpoint, this.#run)
+      return
+    } catch (error) {
+      if (this.#mount === undefined) {
+        throw error // nothing serves it, and nothing to mount it with
+      }
     }
+    await amlfs(["mount", "--daemon", this.#mountpoint, ...this.#mount], this.#run)
+    this.#mountedHere = true
     this.#client = await AmlfsMount.connect(this.#mountpoint, this.#run)
   }
 
@@ -198,10 +204,6 @@ export class AmlfsFilesystem extends MastraFilesystem {
 
   resolveAbsolutePath(p: string): string | undefined {
     return this.#mountpoint === undefined ? undefined : path.join(this.#mountpoint, rel(p))
-  }
-
-  async #served(mp: string): Promise<boolean> {
-    return (await run(["status", mp, "--json"], this.#run)).code === 0
   }
 
   async #tools(): Promise<AmlfsMount> {
