@@ -140,17 +140,21 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 		f.liveDirs[dir] = true
 	}
 	// amlfs is the only writer of the working directory, so the kernel
-	// may cache entries and attributes long; amlfs invalidates what it
-	// changes itself. go-fuse would leave a SETATTR reply's time at 0,
+	// may cache entries, attributes and listings long; amlfs invalidates
+	// what it changes itself (Changed). go-fuse would leave a SETATTR reply's time at 0,
 	// which makes the kernel ask again right after every chmod.
-	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown,
+	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown, CacheListings: true,
 		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }, Writers: f.dirs.writers})
 	if err != nil {
 		return nil, err
 	}
 	f.root = &node{Node: lroot, fs: f}
 
-	server, mnt, byPath, err := serve(at, f.root, nil, opts, nil)
+	// With no live mount grafted on, no one else changes the tree, and
+	// the kernel may keep every listing with no OPENDIR asked (openless).
+	// A live mount's listings change behind the kernel: then only the
+	// workspace's directories keep theirs (loopback CacheListings).
+	server, mnt, byPath, err := serve(at, f.root, nil, opts, len(opts.Live) == 0, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -159,10 +163,12 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 }
 
 // serve mounts root on the directory at with the options every amlfs FUSE
-// mount shares; tune, if set, adjusts them for one provider. As root the
+// mount shares; keepListings serves it openless (the kernel keeps every
+// listing: only for a tree no one else changes); tune, if set, adjusts
+// them for one provider. As root the
 // mount is made on at's descriptor (mountFD), never on its path; a daemon
 // that is not root mounts through fusermount3, which takes a path.
-func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, tune func(*fuse.MountOptions)) (server *fuse.Server, mnt *mountpoint.Mount, byPath bool, err error) {
+func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, keepListings bool, tune func(*fuse.MountOptions)) (server *fuse.Server, mnt *mountpoint.Mount, byPath bool, err error) {
 	mp := at.Path()
 	timeout := opts.Timeout
 	mo := fuse.MountOptions{
@@ -222,6 +228,9 @@ func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAtt
 	}
 	// gofs.Mount, with the request timing wrapped around the node layer.
 	raw := gofs.NewNodeFS(root, gopts)
+	if keepListings {
+		raw = &openless{RawFileSystem: raw}
+	}
 	if owner.set() {
 		raw = &owned{RawFileSystem: raw, o: owner}
 	}
@@ -318,7 +327,7 @@ func MountLive(at *mountpoint.Dir, l Live, noXattr bool, opts Options) (*FS, err
 	// API's delete) sees one mount from the root down, not a boundary
 	// below the root.
 	attr := l.Attr
-	server, mnt, byPath, err := serve(at, l.Root, &attr, opts, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
+	server, mnt, byPath, err := serve(at, l.Root, &attr, opts, false, func(mo *fuse.MountOptions) { mo.DisableXAttrs = noXattr })
 	if err != nil {
 		return nil, err
 	}

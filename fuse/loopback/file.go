@@ -2,6 +2,7 @@ package loopback
 
 import (
 	"context"
+	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -109,11 +110,20 @@ func (n *Node) CopyFileRange(ctx context.Context, fhIn gofs.FileHandle, offIn ui
 }
 
 // dirStream lists a backing directory, with the inode numbers the mount
-// shows (the same as lookups give, tag and device mixed in).
+// shows (the same as lookups give, tag and device mixed in). It opens the
+// backing directory at its first use: where the kernel keeps listings
+// (CacheListings), most opens of a directory read nothing, and cost no
+// descriptor. A directory removed in between fails to list with ENOENT,
+// as reading an open directory of ext4 that was removed since does.
 type dirStream struct {
-	ds    dirFile
+	n     *Node
 	mix   uint64
 	shown Shown // nil for none
+
+	mu     sync.Mutex
+	ds     dirFile       // GUARDED_BY(mu): nil until opened
+	err    syscall.Errno // GUARDED_BY(mu): why it could not open
+	closed bool          // GUARDED_BY(mu)
 }
 
 // DirHandle is what OpendirHandle returns: a stream of entries that is
@@ -129,22 +139,46 @@ type dirFile interface {
 }
 
 func (n *Node) openDir() (*dirStream, syscall.Errno) {
-	fd, done, errno := n.fd()
+	// The node must still stand for an inode (go-fuse may reuse a
+	// forgotten one).
+	_, done, errno := n.fd()
 	if errno != 0 {
 		return nil, errno
 	}
+	done()
+	dev := n.r.Load().b.key.dev
+	return &dirStream{n: n, mix: n.root.mix(dev), shown: n.root.shownOn(dev)}, 0
+}
+
+// stream opens the backing directory on first use.
+func (d *dirStream) stream() (dirFile, syscall.Errno) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ds != nil || d.err != 0 {
+		return d.ds, d.err
+	}
+	if d.closed {
+		return nil, syscall.EBADF
+	}
+	fd, done, errno := d.n.fd()
+	if errno != 0 {
+		d.err = errno
+		return nil, errno
+	}
 	defer done()
-	dfd, err := n.root.openFd(func() (int, error) { return unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0) })
+	dfd, err := d.n.root.openFd(func() (int, error) { return unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0) })
 	if err != nil {
-		return nil, errnoOf(err)
+		d.err = errnoOf(err)
+		return nil, d.err
 	}
 	ds, errno := gofs.NewLoopbackDirStreamFd(dfd)
 	if errno != 0 {
 		unix.Close(dfd)
+		d.err = errno
 		return nil, errno
 	}
-	dev := n.r.Load().b.key.dev
-	return &dirStream{ds: ds.(dirFile), mix: n.root.mix(dev), shown: n.root.shownOn(dev)}, 0
+	d.ds = ds.(dirFile)
+	return d.ds, 0
 }
 
 // ino is the number to show for an entry's backing number.
@@ -155,17 +189,27 @@ func (d *dirStream) ino(ino uint64) uint64 {
 	return ino ^ d.mix
 }
 
-func (d *dirStream) HasNext() bool { return d.ds.HasNext() }
-func (d *dirStream) Close()        { d.ds.Close() }
+func (d *dirStream) HasNext() bool {
+	ds, errno := d.stream()
+	return errno != 0 || ds.HasNext() // an error is the next "entry"
+}
 
 func (d *dirStream) Next() (fuse.DirEntry, syscall.Errno) {
-	e, errno := d.ds.Next()
+	ds, errno := d.stream()
+	if errno != 0 {
+		return fuse.DirEntry{}, errno
+	}
+	e, errno := ds.Next()
 	e.Ino = d.ino(e.Ino)
 	return e, errno
 }
 
 func (d *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	e, errno := d.ds.Readdirent(ctx)
+	ds, errno := d.stream()
+	if errno != 0 {
+		return nil, errno
+	}
+	e, errno := ds.Readdirent(ctx)
 	if e != nil {
 		e.Ino = d.ino(e.Ino)
 	}
@@ -173,11 +217,32 @@ func (d *dirStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 }
 
 func (d *dirStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	return d.ds.Seekdir(ctx, off)
+	ds, errno := d.stream()
+	if errno != 0 {
+		return errno
+	}
+	return ds.Seekdir(ctx, off)
 }
 
-func (d *dirStream) Releasedir(ctx context.Context, flags uint32) { d.ds.Releasedir(ctx, flags) }
+// Close and Releasedir end the stream (go-fuse calls one of them once).
+func (d *dirStream) Close() { d.Releasedir(context.Background(), 0) }
+
+func (d *dirStream) Releasedir(ctx context.Context, flags uint32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.closed = true
+	if d.ds != nil {
+		d.ds.Releasedir(ctx, flags)
+	}
+}
 
 func (d *dirStream) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
-	return d.ds.Fsyncdir(ctx, flags)
+	ds, errno := d.stream()
+	if errno != 0 {
+		return errno
+	}
+	return ds.Fsyncdir(ctx, flags)
 }

@@ -25,13 +25,18 @@ type rig struct {
 }
 
 func newRig(t *testing.T, opts Options) *rig {
+	return newRigWith(t, opts, &gofs.Options{})
+}
+
+// newRigWith is newRig with go-fuse's options (the mount's timeouts).
+func newRigWith(t *testing.T, opts Options, gopts *gofs.Options) *rig {
 	t.Helper()
 	dir := t.TempDir()
 	root, err := New(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := gofs.NewNodeFS(root, &gofs.Options{})
+	raw := gofs.NewNodeFS(root, gopts)
 	return &rig{t: t, raw: raw, dir: dir, tree: root.Tree()}
 }
 
@@ -99,11 +104,24 @@ func (r *rig) getattr(node uint64) (fuse.AttrOut, syscall.Errno) {
 
 func (r *rig) readdir(node uint64) []string {
 	r.t.Helper()
+	fh, _ := r.opendir(node)
+	defer r.raw.ReleaseDir(&fuse.ReleaseIn{InHeader: r.hdr(node), Fh: fh})
+	return r.readdirFh(node, fh)
+}
+
+func (r *rig) opendir(node uint64) (fh uint64, flags uint32) {
+	r.t.Helper()
 	var oo fuse.OpenOut
 	if st := r.raw.OpenDir(nil, &fuse.OpenIn{InHeader: r.hdr(node)}, &oo); st != fuse.OK {
 		r.t.Fatalf("opendir: %v", st)
 	}
-	defer r.raw.ReleaseDir(&fuse.ReleaseIn{InHeader: r.hdr(node), Fh: oo.Fh})
+	return oo.Fh, oo.OpenFlags
+}
+
+// readdirFh lists the directory open as fh, "." and ".." left out.
+func (r *rig) readdirFh(node, fh uint64) []string {
+	r.t.Helper()
+	oo := fuse.OpenOut{Fh: fh}
 	var names []string
 	off := uint64(0)
 	for {
@@ -415,5 +433,74 @@ func TestShedKeepsNodes(t *testing.T) {
 	}
 	if _, en := r.getattr(nodes[7]); en != syscall.ENOENT {
 		t.Fatalf("getattr of a removed, shed file: %v, want ENOENT", en)
+	}
+}
+
+// TestListingsKept: with CacheListings the kernel is told to keep a
+// directory's listing across opens; a shared tree's are not kept. An open
+// directory opens its backing directory only when first read (a kept
+// listing is never read); one removed in between fails to list with
+// ENOENT, as ext4's getdents of an open directory removed since does.
+func TestListingsKept(t *testing.T) {
+	const keep = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
+	if _, fl := newRig(t, Options{CacheListings: true, Shared: false}).opendir(1); fl&keep != keep {
+		t.Errorf("opendir flags %#x, want CACHE_DIR and KEEP_CACHE", fl)
+	}
+	if _, fl := newRig(t, Options{Shared: true}).opendir(1); fl&keep != 0 {
+		t.Errorf("a shared tree's opendir flags %#x, want neither CACHE_DIR nor KEEP_CACHE", fl)
+	}
+
+	r := newRig(t, Options{CacheListings: true})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Mkdir(filepath.Join(r.dir, "d"), 0o755))
+	for i := range 3 {
+		must(os.WriteFile(filepath.Join(r.dir, "d", fmt.Sprint("f", i)), nil, 0o644))
+	}
+	d := r.mustLookup(1, "d").NodeId
+	before := r.tree.Inodes()
+	fh, _ := r.opendir(d)
+	if n := r.tree.Inodes(); n != before {
+		t.Errorf("opendir opened %d descriptors, want none until the first read", n-before)
+	}
+	if got := r.readdirFh(d, fh); !slices.Equal(got, []string{"f0", "f1", "f2"}) {
+		t.Errorf("listing %v", got)
+	}
+	r.raw.ReleaseDir(&fuse.ReleaseIn{InHeader: r.hdr(d), Fh: fh})
+	if n := r.tree.Inodes(); n != before {
+		t.Errorf("%d descriptors left open by a released directory", n-before)
+	}
+
+	fh, _ = r.opendir(d)
+	if r.tree.handles {
+		r.tree.shed(1 << 20) // and the directory's descriptor shed
+	}
+	must(os.RemoveAll(filepath.Join(r.dir, "d")))
+	list := fuse.NewDirEntryList(make([]byte, 4096), 0)
+	if st := r.raw.ReadDir(nil, &fuse.ReadIn{InHeader: r.hdr(d), Fh: fh, Size: 4096}, list); st != fuse.Status(syscall.ENOENT) {
+		t.Errorf("reading a directory removed while open: %v, want ENOENT", st)
+	}
+	r.raw.ReleaseDir(&fuse.ReleaseIn{InHeader: r.hdr(d), Fh: fh})
+}
+
+// TestMissKept: a name looked up and not found is kept by the kernel for
+// the mount's negative timeout (a reply with no node), except in a shared
+// tree, where others may make it at any moment (ENOENT, which the kernel
+// does not keep).
+func TestMissKept(t *testing.T) {
+	hour := time.Hour
+	for _, shared := range []bool{false, true} {
+		r := newRigWith(t, Options{EntryTimeout: hour, AttrTimeout: hour, Shared: shared}, &gofs.Options{NegativeTimeout: &hour, EntryTimeout: &hour, AttrTimeout: &hour})
+		out, en := r.lookup(1, ".gitignore")
+		switch {
+		case shared && en != syscall.ENOENT:
+			t.Errorf("shared: a miss answers %v, want ENOENT", en)
+		case !shared && (en != 0 || out.NodeId != 0 || out.EntryValid != 3600):
+			t.Errorf("a miss answers %v, node %d, valid for %d s; want no error, no node, an hour", en, out.NodeId, out.EntryValid)
+		}
 	}
 }

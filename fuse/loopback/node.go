@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/amlfs/amlfs/amlerr"
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -230,8 +231,16 @@ func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	defer done()
 	ch, errno := n.lookupAt(ctx, pfd, name, out)
 	if errno == syscall.ENOENT {
-		// A miss is cached as long as an entry.
-		n.root.entryTimeouts(out)
+		// go-fuse answers a miss that has no entry time set as a
+		// negative entry, kept for the mount's negative timeout; one with
+		// a time set goes out as ENOENT, which the kernel does not keep.
+		// A tree amlfs alone changes keeps its misses (git looks for a
+		// .gitignore in every directory at every status); a shared tree,
+		// which others change, does not.
+		out.SetEntryTimeout(0)
+		if n.root.opts.Shared {
+			out.SetEntryTimeout(time.Nanosecond)
+		}
 	}
 	return ch, errno
 }
@@ -372,7 +381,11 @@ var _ = (gofs.NodeCreater)((*Node)(nil))
 
 func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	ds, errno := n.openDir()
-	return ds, 0, errno
+	var fl uint32
+	if n.root.opts.CacheListings {
+		fl = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
+	}
+	return ds, fl, errno
 }
 
 var _ = (gofs.NodeReaddirer)((*Node)(nil))

@@ -46,6 +46,14 @@ type Options struct {
 	// that a local filesystem would do, rather than reaching the unlinked
 	// file. An O_TMPFILE file is exempt.
 	Shared bool
+	// CacheListings lets the kernel keep a directory's listing across
+	// opens (FOPEN_CACHE_DIR and FOPEN_KEEP_CACHE): a warm walk then
+	// reads listings from the page cache and asks nothing. The kernel
+	// drops a listing when a change through the mount touches the
+	// directory; a change made to the backing tree some other way must be
+	// invalidated by the tree's user (NotifyContent on the directory), so
+	// a tree others change too (Shared) must not set it.
+	CacheListings bool
 	// Shown, if set, gives some inodes other stat data than the backing
 	// inode's own: the workspace shows restored files as they were saved.
 	Shown Shown

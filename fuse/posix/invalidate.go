@@ -8,7 +8,8 @@ import (
 )
 
 // Invalidate drops what the kernel caches of rel, a path below root ("":
-// root itself): the entry for it in its parent, and the attributes, pages
+// root itself): the entry for it in its parent and the parent's listing
+// and attributes, and the attributes, pages (a directory's: its listing)
 // and entries of everything beneath it that the kernel knows. Providers
 // call it when their own caches of rel are dropped.
 func Invalidate(root *gofs.Inode, rel string) {
@@ -28,6 +29,10 @@ func Invalidate(root *gofs.Inode, rel string) {
 		name := parts[len(parts)-1]
 		in = parent.GetChild(name)
 		defer parent.NotifyEntry(name)
+		// The kernel bumps the parent's listing version for an entry
+		// notice only when it holds that entry; a name it never looked up
+		// (one the daemon made) would stay missing from a kept listing.
+		defer parent.NotifyContent(0, 0)
 		if in == nil {
 			return // at most a cached miss, dropped by NotifyEntry
 		}
