@@ -39,24 +39,24 @@ func (o *openless) withDir(cancel <-chan struct{}, h *fuse.InHeader, fn func(fh 
 }
 
 func (o *openless) ReadDir(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
-	if input.Fh != 0 {
-		return o.RawFileSystem.ReadDir(cancel, input, out)
-	}
-	return o.withDir(cancel, &input.InHeader, func(fh uint64) fuse.Status {
-		in := *input
-		in.Fh = fh
-		return o.RawFileSystem.ReadDir(cancel, &in, out)
-	})
+	return o.read(cancel, input, out, o.RawFileSystem.ReadDir)
 }
 
 func (o *openless) ReadDirPlus(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	return o.read(cancel, input, out, o.RawFileSystem.ReadDirPlus)
+}
+
+// read serves a READDIR or READDIRPLUS: on handle 0, with a handle of its
+// own.
+func (o *openless) read(cancel <-chan struct{}, input *fuse.ReadIn, out *fuse.DirEntryList,
+	read func(<-chan struct{}, *fuse.ReadIn, *fuse.DirEntryList) fuse.Status) fuse.Status {
 	if input.Fh != 0 {
-		return o.RawFileSystem.ReadDirPlus(cancel, input, out)
+		return read(cancel, input, out)
 	}
 	return o.withDir(cancel, &input.InHeader, func(fh uint64) fuse.Status {
 		in := *input
 		in.Fh = fh
-		return o.RawFileSystem.ReadDirPlus(cancel, &in, out)
+		return read(cancel, &in, out)
 	})
 }
 
