@@ -141,8 +141,9 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 	}
 	// amlfs is the only writer of the working directory, so the kernel
 	// may cache entries, attributes and listings long; amlfs invalidates
-	// what it changes itself (Changed). go-fuse would leave a SETATTR reply's time at 0,
-	// which makes the kernel ask again right after every chmod.
+	// what it changes itself (Changed). go-fuse would leave a SETATTR
+	// reply's time at 0, which makes the kernel ask again right after
+	// every chmod.
 	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown, CacheListings: true,
 		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }, Writers: f.dirs.writers})
 	if err != nil {
@@ -165,9 +166,9 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 // serve mounts root on the directory at with the options every amlfs FUSE
 // mount shares; keepListings serves it openless (the kernel keeps every
 // listing: only for a tree no one else changes); tune, if set, adjusts
-// them for one provider. As root the
-// mount is made on at's descriptor (mountFD), never on its path; a daemon
-// that is not root mounts through fusermount3, which takes a path.
+// them for one provider. As root the mount is made on at's descriptor
+// (mountFD), never on its path; a daemon that is not root mounts through
+// fusermount3, which takes a path.
 func serve(at *mountpoint.Dir, root gofs.InodeEmbedder, rootAttr *gofs.StableAttr, opts Options, keepListings bool, tune func(*fuse.MountOptions)) (server *fuse.Server, mnt *mountpoint.Mount, byPath bool, err error) {
 	mp := at.Path()
 	timeout := opts.Timeout
