@@ -93,6 +93,7 @@ type FS struct {
 	log        *slog.Logger
 	dir        string
 	mountpoint string
+	detached   atomic.Bool // Unmount had to detach a busy mount
 
 	// barrier: mutations hold the read side; a checkpoint holds the write
 	// side while it snapshots, so it sees a tree no FUSE call is changing.
@@ -430,6 +431,9 @@ func (f *FS) Close() {}
 // detached mount's readers get errors, never a placeholder's holes.
 func (f *FS) Stranded() bool { return false }
 
+// Detached reports whether Unmount had to detach a busy mount.
+func (f *FS) Detached() bool { return f.detached.Load() }
+
 // Wait blocks until the file system is unmounted.
 func (f *FS) Wait() { f.server.Wait() }
 
@@ -451,6 +455,7 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 		case err != nil:
 			return err
 		case detached:
+			f.detached.Store(true)
 			f.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", f.mountpoint)
 		default:
 			f.server.Wait()
@@ -470,6 +475,7 @@ func (f *FS) Unmount(wait time.Duration, lazy bool) error {
 				if err := mountpoint.FusermountDetach(f.mountpoint); err != nil {
 					return fmt.Errorf("lazy unmount: %w", err)
 				}
+				f.detached.Store(true)
 				f.log.Warn("mount was busy; detached it lazily", "op", "unmount", "path", f.mountpoint)
 				return nil
 			}

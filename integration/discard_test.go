@@ -11,9 +11,11 @@ import (
 // A stop does not wait while the file system frees the working tree: the
 // tree is renamed aside at once and removed by a process of its own, and a
 // discarded tree a killed remover left is removed by the next mount.
+// Through FUSE: natively a clean stop keeps the tree for the next mount
+// (TestKeptTreeAdopted).
 func TestStopDiscardsTreeAside(t *testing.T) {
 	e := newEnv(t)
-	mp := e.mount("discard")
+	mp := e.mount("discard", "--serve", "fuse")
 	for i := range 400 {
 		p := filepath.Join(mp, fmt.Sprintf("d%d/f%d", i%20, i))
 		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
@@ -48,7 +50,7 @@ func TestStopDiscardsTreeAside(t *testing.T) {
 	planted := filepath.Join(slots[0], "trash-1-1")
 	must(t, os.MkdirAll(filepath.Join(planted, "a", "b"), 0o755))
 	must(t, os.WriteFile(filepath.Join(planted, "a", "b", "f"), []byte("x"), 0o644))
-	mp = e.mount("discard")
+	mp = e.mount("discard", "--serve", "fuse")
 	deadline = time.Now().Add(30 * time.Second)
 	for fileExists(planted) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)

@@ -51,6 +51,9 @@ type Daemon struct {
 	// fresh: the working tree was restored (or made) by this start,
 	// not resumed from an earlier run.
 	fresh bool
+	// adopted: the working tree is one an earlier stop kept (adoptKept),
+	// whose placeholders are still to be marked.
+	adopted bool
 	// serve is how the workspace is served, "native" or "fuse", and
 	// serveWhy why (Config.Serve and what this host can do).
 	serve, serveWhy string
@@ -58,6 +61,7 @@ type Daemon struct {
 	liveFS  []*fuse.FS
 	workDir string
 	state   string // the state file in the cache dir
+	kept    string // the record of a tree kept at a clean stop (keptFile)
 
 	saveMu sync.Mutex // serializes saves; baseRev and baseMark change only under it and mu
 	// saveMark is the mark a save took for its unchanged-tree check, which
@@ -116,6 +120,9 @@ type server interface {
 	Unmount(wait time.Duration, lazy bool) error
 	// Close frees what serving held, after the unmount.
 	Close()
+	// Detached reports that Unmount had to detach a busy mount:
+	// processes may still use the tree through it.
+	Detached() bool
 	// Stranded reports placeholders that processes still holding a
 	// detached mount could read once the daemon is gone (natively: the
 	// mount outlives its unmount, and no one would fill them).
@@ -381,6 +388,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	d.workDir = filepath.Join(filepath.Dir(slot.Name()), workDirName)
 	d.state = filepath.Join(filepath.Dir(slot.Name()), stateFile)
+	d.kept = filepath.Join(filepath.Dir(slot.Name()), keptFile)
 	sweepTrash(filepath.Dir(slot.Name()), cfg.Keeper, d.log)
 	d.setPhase("restoring")
 	if err := d.prepareWorkDir(ctx); err != nil {

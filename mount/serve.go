@@ -127,9 +127,9 @@ func (d *Daemon) mountNative(ctx context.Context, live []fuse.Live, log *slog.Lo
 		log.Info("git indexes refreshed after the restore", "indexes", gr.Indexes, "entries", gr.Refreshed, "left alone", gr.Left,
 			"racy", gr.Racy, "not saved", gr.NotSaved, "stale", gr.Stale, "unrestored", gr.Unrestored)
 	}
-	// A tree made here, not resumed, holds only placeholders made since
-	// OnMade: each is marked already.
-	if err := d.serveNatively(srv, d.workDir, d.fresh, live); err != nil {
+	// A tree made here, not resumed or adopted, holds only placeholders
+	// made since OnMade: each is marked already.
+	if err := d.serveNatively(srv, d.workDir, d.fresh && !d.adopted, live); err != nil {
 		return nil, err
 	}
 	started = true

@@ -144,11 +144,15 @@ func (d *Daemon) stop(ctx context.Context, req stopRequest, unmount bool) StopRe
 	dirty := d.dirtyLocked()
 	d.mu.Unlock()
 	if res.Error == nil && (!dirty || d.cfg.Save == SaveNever || req.noSave) {
-		// Nothing unsaved is worth keeping: drop the working tree.
+		// Nothing unsaved is worth keeping: the working tree goes.
 		if dirty {
 			d.log.Info("discarding unsaved changes (save disabled)")
 		}
-		discard(d.workDir, d.cfg.Keeper, d.log)
+		// A tree that is its revision exactly is kept for the next
+		// mount of it, in place of a restore.
+		if dirty || !d.keepTree(unmount) {
+			discard(d.workDir, d.cfg.Keeper, d.log)
+		}
 		os.Remove(d.state)
 	}
 	d.slot.Close()

@@ -17,6 +17,9 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 	// A working tree with its state file is unsaved work from an earlier
 	// run (a crash, or a failed save): resume it rather than lose it.
 	if data, err := os.ReadFile(d.state); err == nil {
+		// Unsaved work wins over a kept tree's record (a stop that
+		// died after writing it, before removing the state file).
+		os.Remove(d.kept)
 		var prev workState
 		if err := json.Unmarshal(data, &prev); err == nil {
 			if _, err := os.Stat(d.workDir); err == nil && cfg.DiscardUnsaved {
@@ -66,12 +69,16 @@ func (d *Daemon) prepareWorkDir(ctx context.Context) error {
 			}
 		}
 	}
+	// A tree made here, not resumed (or adopted as the revision it
+	// still is): a start that fails before it is served removes it
+	// again, so no next mount takes it for unsaved work.
+	d.fresh = true
+	if d.adoptKept(ctx) {
+		return d.writeState()
+	}
 	if err := discard(d.workDir, cfg.Keeper, d.log); err != nil {
 		return err
 	}
-	// A tree made here, not resumed: a start that fails before it is
-	// served removes it again, so no next mount takes it for unsaved work.
-	d.fresh = true
 	idx := d.ws.Index()
 	switch {
 	case cfg.Load == "none":
