@@ -141,11 +141,22 @@ func testKeptTreeAdopted(t *testing.T, newEnv func(*testing.T) *env) {
 	}
 	f.Close()
 	mp = mountKept()
-	defer e.unmount(mp)
 	if got := read(mp, "d/b.txt"); got != "BRAVO" {
 		t.Fatalf("after a busy unmount: d/b.txt %q", got)
 	}
 	if strings.Contains(read(mp, "a.txt"), "alpha") {
 		t.Fatal("an old revision came back")
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+
+	// --no-keep: the tree goes at every stop.
+	mp = e.mount("kept", "--serve", "native", "--no-keep")
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	if fileExists(filepath.Join(filepath.Dir(work), "kept.json")) || fileExists(work) {
+		t.Fatal("--no-keep kept the tree")
 	}
 }

@@ -82,6 +82,7 @@ type RevisionConfig struct {
 	Exclude        []string `key:"exclude" usage:"glob of paths never saved or restored (repeatable; wins over include)"`
 	NoGitignore    bool     `key:"no-gitignore" usage:"save paths .gitignore ignores"`
 	DiscardUnsaved bool     `key:"discard-unsaved" usage:"throw away a working tree a crashed or failed run left unsaved, instead of resuming it"`
+	NoKeep         bool     `key:"no-keep" usage:"remove the working tree at every stop, instead of keeping one that is its saved revision for the next mount of that revision"`
 	StrictEntries  bool     `key:"strict-entries" usage:"fail a save that meets a socket, fifo or device node, listing every one, instead of leaving each out with a warning"`
 	// FreezeCgroup is the cgroup v2 directory of the processes that write
 	// the tree, frozen while a checkpoint reads it.

@@ -23,9 +23,10 @@ const keptFile = "kept.json"
 // restore costs one mkdir per directory, and the files show the stat data
 // the view gets only from a restore), the index's current revision, and
 // unmounted with no process left in it (a detached mount's processes
-// could still change it). It reports whether the tree was kept.
+// could still change it). --no-keep keeps none. It reports whether the
+// tree was kept.
 func (d *Daemon) keepTree(unmounted bool) bool {
-	if d.serve != ServeNative || !unmounted || d.fs.Detached() || d.cfg.Restore != "lazy" {
+	if d.cfg.NoKeep || d.serve != ServeNative || !unmounted || d.fs.Detached() || d.cfg.Restore != "lazy" {
 		return false
 	}
 	d.mu.Lock()
