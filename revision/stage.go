@@ -89,7 +89,14 @@ func (w *Workspace) newStaging() (*staging, error) {
 // listed from the revision, virtual, nor unchanged since base), fetching
 // a placeholder's bytes first, unless s has a copy of it as it is (same
 // stamp). A file unchanged since base after all drops its copy.
-func (w *Workspace) stage(ctx context.Context, t *tree, s *staging, dir string, entries []format.TreeEntry, virtual map[string]bool, base *baseTree, src *Workspace) error {
+//
+// again says that entries is a later reading, of what changed since the
+// first: a file copied before is copied again even if its stamp is the
+// one its copy was taken at. A write sets the file's mtime and ctime
+// before it writes its bytes, so a copy made while a write was under way
+// has the stamp the file keeps once the write is done, and bytes of
+// before and after it; a stamp cannot tell it from a whole copy.
+func (w *Workspace) stage(ctx context.Context, t *tree, s *staging, dir string, entries []format.TreeEntry, virtual map[string]bool, base *baseTree, src *Workspace, again bool) error {
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(stageWorkers)
@@ -101,7 +108,7 @@ func (w *Workspace) stage(ctx context.Context, t *tree, s *staging, dir string, 
 		_, reuse := base.reusableAs(dir, te.Path, stp)
 		mu.Lock()
 		sf, had := s.files[te.Path]
-		if !reuse && had && sf.stamp == stp {
+		if !reuse && had && sf.stamp == stp && !again {
 			mu.Unlock()
 			continue
 		}
@@ -196,8 +203,9 @@ func copyStaged(t *tree, rel, to string) (stagedFile, bool, error) {
 // its first reading, taken while the writers ran (with its listings): it
 // copies what that reading must upload to staging, then holds the writers,
 // reads again the directories that changed since the save began (all,
-// when that is not known), copies the files that changed since their
-// copy, and lets the writers go. The writers wait only for the second
+// when that is not known), copies again the files to upload in them (a
+// copy taken while the writers ran may hold a write under way), and lets
+// the writers go. The writers wait only for the second
 // reading and its copies, however large the tree. Without a hold (the
 // writers could not be held), it returns the first reading, and no
 // staging: the upload reads the tree as without.
@@ -218,7 +226,7 @@ func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selecti
 			s.remove()
 		}
 	}()
-	if err := w.stage(ctx, t, s, dir, first.entries, first.virtual, base, src); err != nil {
+	if err := w.stage(ctx, t, s, dir, first.entries, first.virtual, base, src, false); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	start := time.Now()
@@ -237,7 +245,7 @@ func (w *Workspace) readHeld(ctx context.Context, dir string, sel format.Selecti
 	if clean == nil {
 		check = r.entries
 	}
-	if err := w.stage(ctx, t, s, dir, check, r.virtual, base, src); err != nil {
+	if err := w.stage(ctx, t, s, dir, check, r.virtual, base, src, true); err != nil {
 		return nil, nil, nil, nil, err
 	}
 	thaw()
@@ -275,8 +283,8 @@ func (w *Workspace) stageable(dir string, r snapResult, base *baseTree) bool {
 // whose changes are watched (Options.Watch), given its first snapshot
 // and the watch it began under: it copies the files to upload to
 // staging, and if the tree changed meanwhile, reads it again, up to
-// SaveAttempts times in all, copying only the files changed since their
-// copy. The upload then reads the copies, once: a tree that keeps
+// SaveAttempts times in all, copying again the files to upload (a copy
+// may hold a write that was under way). The upload then reads the copies, once: a tree that keeps
 // changing costs local copies of what changed, not uploads. After the
 // last attempt, each file is its bytes at one instant, the tree is not
 // (unsettled).
@@ -296,7 +304,7 @@ func (w *Workspace) readWatched(ctx context.Context, dir string, sel format.Sele
 		}
 	}()
 	for attempts = 1; ; attempts++ {
-		if err := w.stage(ctx, t, s, dir, r.entries, r.virtual, base, src); err != nil {
+		if err := w.stage(ctx, t, s, dir, r.entries, r.virtual, base, src, attempts > 1); err != nil {
 			return nil, nil, nil, nil, 0, false, err
 		}
 		if !changed() {

@@ -296,3 +296,63 @@ func TestStagedCopyKeepsOwnerBits(t *testing.T) {
 		}
 	}
 }
+
+// TestLaterReadingCopiesAgain: a copy taken while a write was under way
+// has the stamp the file keeps once the write is done (a write sets mtime
+// and ctime before its bytes), and bytes of before and after it. So a
+// later reading copies again every file to upload it lists, whatever its
+// stamp: held (the directories changed since the save began) and watched
+// (a reading during which the tree changed). The test stands for such a
+// copy by spoiling the first copy in place, which leaves every stamp as
+// it was; it was saved as it was before.
+func TestLaterReadingCopiesAgain(t *testing.T) {
+	spoil := func(t *testing.T, stage string) {
+		t.Helper()
+		copies, _ := filepath.Glob(filepath.Join(stage, stageName, "*"))
+		if len(copies) == 0 {
+			t.Fatal("the test shows nothing: no staged copy")
+		}
+		for _, c := range copies {
+			fi, err := os.Stat(c)
+			must(t, err)
+			if fi.Size() > 1 { // a/busy's; b/other's directory did not change
+				must(t, os.WriteFile(c, make([]byte, fi.Size()), 0o600))
+			}
+		}
+	}
+	for _, mode := range []string{"held", "watched"} {
+		for _, kind := range []string{format.FormatFolder, format.FormatArchive} {
+			t.Run(mode+"/"+kind, func(t *testing.T) {
+				ctx := context.Background()
+				base, src, stage := newBase(t, "dir"), t.TempDir(), t.TempDir()
+				writeTree(t, src, map[string]string{"a/busy": "the bytes the file holds", "b/other": "o"})
+				opts := Options{Format: kind, StageDir: stage}
+				switch mode {
+				case "held":
+					opts.Freeze = func(context.Context) (func(uint64) bool, func(), error) {
+						spoil(t, stage)
+						fi, _ := os.Stat(filepath.Join(src, "a"))
+						changed := fi.Sys().(*syscall.Stat_t).Ino
+						return func(ino uint64) bool { return ino != changed }, func() {}, nil
+					}
+				case "watched":
+					watches := 0
+					opts.Watch = func() func() bool {
+						watches++
+						first := watches == 1
+						return func() bool {
+							if first {
+								spoil(t, stage)
+							}
+							return first // the first reading saw a change
+						}
+					}
+				}
+				w := openWS(t, base, "again", opts)
+				res, err := w.Save(ctx, src, format.Selection{}, "")
+				must(t, err)
+				checkRevision(t, base, "again", res.Entry.ID, map[string]string{"a/busy": "the bytes the file holds", "b/other": "o"})
+			})
+		}
+	}
+}

@@ -2,6 +2,9 @@
 // beside AML's own filesystemWorkspace (file store) and s3Workspace (S3:
 // versitygw on loopback), the same revision in the same store, targets
 // rotated each round; run by bench/aml.sh, which reports the ratios.
+// amlfs's acquisitions are timed twice: on the cache directory its last
+// release used (where a tree that is the revision is kept: an agent's
+// steps on one host), and on a cache directory of its own (a host's first).
 import { randomBytes } from "node:crypto"
 import { mkdir, writeFile } from "node:fs/promises"
 import path from "node:path"
@@ -35,6 +38,9 @@ async function seed(dir: string): Promise<void> {
 interface Times {
   acquire: number[]
   save: number[]
+  // amlfs only: an acquisition on a cache directory of its own, with no
+  // tree kept from an earlier release (a host's first).
+  cold?: number[]
 }
 
 async function time<T>(fn: () => Promise<T>): Promise<[number, T]> {
@@ -43,7 +49,7 @@ async function time<T>(fn: () => Promise<T>): Promise<[number, T]> {
   return [(performance.now() - t) / 1000, v]
 }
 
-async function measure(name: string, providers: Record<string, WorkspaceProvider>): Promise<Record<string, Times>> {
+async function measure(name: string, providers: Record<string, WorkspaceProvider>, cold: Record<string, (cache: string) => WorkspaceProvider> = {}): Promise<Record<string, Times>> {
   // Each provider's own workspace, the same files, saved by that
   // provider: each round is then its steady state (its own revision, in
   // its own format, with an amlfs index or not).
@@ -66,6 +72,11 @@ async function measure(name: string, providers: Record<string, WorkspaceProvider
       out[n] ??= { acquire: [], save: [] }
       out[n].acquire.push(acq)
       out[n].save.push(sv)
+      if (cold[n]) {
+        const [c, cl] = await time(() => cold[n]!(path.join(dir, `cold-${name}-${n}-${r}`)).acquire(req(n)))
+        await cl.release()
+        ;(out[n].cold ??= []).push(c)
+      }
     }
   }
   console.log(JSON.stringify({ store: name, files, rounds, times: out }))
@@ -84,6 +95,10 @@ try {
       filesystemWorkspace: filesystemWorkspace({ directory: store, temporaryDirectory: tmp }),
       amlfsWorkspace: amlfsWorkspace({ directory: store, amlfs: amlfsBin(), cacheDirectory: path.join(dir, "cache"), temporaryDirectory: tmp }),
       "amlfsWorkspace (fuse)": amlfsWorkspace({ directory: store, serve: "fuse", amlfs: amlfsBin(), cacheDirectory: path.join(dir, "cache-fuse"), temporaryDirectory: tmp }),
+    },
+    {
+      amlfsWorkspace: (cacheDirectory) => amlfsWorkspace({ directory: store, amlfs: amlfsBin(), cacheDirectory, temporaryDirectory: tmp }),
+      "amlfsWorkspace (fuse)": (cacheDirectory) => amlfsWorkspace({ directory: store, serve: "fuse", amlfs: amlfsBin(), cacheDirectory, temporaryDirectory: tmp }),
     }
   )
   const env = s3Env()
@@ -94,6 +109,10 @@ try {
       s3Workspace: s3Workspace({ bucket: s3.bucket, client: new S3Client(config), temporaryDirectory: tmp }),
       amlfsWorkspace: amlfsWorkspace({ bucket: s3.bucket, config, env, amlfs: amlfsBin(), cacheDirectory: path.join(dir, "cache-s3"), temporaryDirectory: tmp }),
       "amlfsWorkspace (fuse)": amlfsWorkspace({ bucket: s3.bucket, config, env, serve: "fuse", amlfs: amlfsBin(), cacheDirectory: path.join(dir, "cache-s3-fuse"), temporaryDirectory: tmp }),
+    },
+    {
+      amlfsWorkspace: (cacheDirectory) => amlfsWorkspace({ bucket: s3.bucket, config, env, amlfs: amlfsBin(), cacheDirectory, temporaryDirectory: tmp }),
+      "amlfsWorkspace (fuse)": (cacheDirectory) => amlfsWorkspace({ bucket: s3.bucket, config, env, serve: "fuse", amlfs: amlfsBin(), cacheDirectory, temporaryDirectory: tmp }),
     }
   )
 } finally {

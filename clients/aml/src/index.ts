@@ -382,7 +382,10 @@ async function runCancellable(args: string[], options: RunOptions, signal: Abort
   }
 }
 
-/** Unmounts without saving: the lease is freed, the tree discarded. */
+/**
+ * Unmounts without saving: the lease is freed, and the tree discarded, or
+ * kept for the next acquisition of its revision if it is that revision exactly.
+ */
 async function unmount(directory: string, run: RunOptions): Promise<void> {
   await amlfs(["unmount", "--no-save", directory], run)
 }
