@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/amlfs/amlfs/atomicfile"
 	"github.com/amlfs/amlfs/revision/format"
@@ -165,72 +167,13 @@ func (w *Workspace) Adopt(ctx context.Context, file, rev, dir string, sel format
 	}
 	keys := fileKeys(e.Path, x)
 	base := &baseTree{dir: dir, rev: e.ID, revPath: e.Path, index: x, files: make(map[string]baseFile, len(stamps))}
-	var extra []string
-	found := 0
-	buf := make([]byte, 4096)
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if p == dir {
-			return nil
-		}
-		rel := filepath.ToSlash(p[len(dir)+1:])
-		te, ok := want[rel]
-		if !ok {
-			extra = append(extra, rel)
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		found++
-		var st syscall.Stat_t
-		if err := syscall.Lstat(p, &st); err != nil {
-			return err
-		}
-		if got := typeOf(st.Mode); got != te.Type {
-			return notKept("%s is a %s, the revision's a %s", rel, got, te.Type)
-		}
-		switch te.Type {
-		case format.TypeDir:
-			if _, err := getMarker(p, PendingDirXattr(), PendingDirUserXattr, false, buf); err == nil {
-				return notKept("directory %s is still to be populated", rel)
-			}
-			// A revision keeps a directory's permission bits only.
-			if st.Mode&0o7777 != te.Mode&0o777 {
-				return notKept("directory %s has mode %o, the revision %o", rel, st.Mode&0o7777, te.Mode&0o777)
-			}
-		case format.TypeSymlink:
-			if t, err := os.Readlink(p); err != nil || t != te.Target {
-				return notKept("symlink %s changed", rel)
-			}
-		case format.TypeFile:
-			cur := store.Stamp{Ino: st.Ino, Size: uint64(st.Size), Mtime: st.Mtim, Ctime: st.Ctim}
-			if s, ok := stamps[rel]; !ok || s != cur || int64(cur.Size) != te.Size {
-				return notKept("file %s changed since it was saved", rel)
-			}
-			key, _ := keys(rel)
-			base.files[rel] = baseFile{stamp: cur, key: key}
-			n, err := getMarker(p, PendingXattr(), PendingUserXattr, false, buf)
-			if err != nil {
-				return nil // fetched (ENODATA)
-			}
-			mk, ok := l.revs.key(string(buf[:n]))
-			if !ok || !kept(mk) {
-				return notKept("placeholder %s names bytes the index no longer keeps", rel)
-			}
-			l.pending[st.Ino] = pendingFile{key: mk, size: st.Size, origPath: rel}
-			l.bytes += st.Size
-		}
-		return nil
-	})
-	if err != nil {
+	kw := &keptWalk{ctx: ctx, want: want, stamps: stamps, keys: keys, kept: kept, l: l, base: base}
+	kw.g.SetLimit(keptWorkers)
+	kw.g.Go(func() error { return kw.dir(dir, "") })
+	if err := kw.g.Wait(); err != nil {
 		return a, err
 	}
+	found, extra := kw.found, kw.extra
 	if found != len(want) {
 		return a, notKept("%d of the revision's %d entries are missing", len(want)-found, len(want))
 	}
@@ -246,6 +189,113 @@ func (w *Workspace) Adopt(ctx context.Context, file, rev, dir string, sel format
 	w.restored = nil // the inodes git's indexes name are the tree's own
 	w.lmu.Unlock()
 	return Adopted{Entry: e, Pending: len(l.pending), Aside: len(extra)}, nil
+}
+
+// keptWorkers is how many directories Adopt reads at once: on a tree the
+// kernel no longer caches, each stat may wait for the disk.
+const keptWorkers = 4
+
+// keptWalk is one Adopt's walk of the tree, a directory per worker.
+type keptWalk struct {
+	ctx    context.Context
+	want   map[string]format.TreeEntry
+	stamps map[string]store.Stamp
+	keys   func(string) (string, int)
+	kept   func(string) bool
+	g      errgroup.Group
+	mu     sync.Mutex
+	l      *lazyState // its pending files, GUARDED_BY(mu)
+	base   *baseTree  // its files, GUARDED_BY(mu)
+	found  int        // GUARDED_BY(mu)
+	extra  []string   // GUARDED_BY(mu)
+}
+
+// dir checks the entries of the directory at p (rel in the tree), and
+// those below it: its subdirectories on another worker when one is free.
+func (k *keptWalk) dir(p, rel string) error {
+	if err := k.ctx.Err(); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(p)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 4096)
+	for _, d := range ents {
+		r := d.Name()
+		if rel != "" {
+			r = rel + "/" + r
+		}
+		cp := filepath.Join(p, d.Name())
+		te, ok := k.want[r]
+		if !ok {
+			k.mu.Lock()
+			k.extra = append(k.extra, r)
+			k.mu.Unlock()
+			continue
+		}
+		if err := k.entry(cp, r, te, buf); err != nil {
+			return err
+		}
+		if te.Type == format.TypeDir {
+			if !k.g.TryGo(func() error { return k.dir(cp, r) }) {
+				if err := k.dir(cp, r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// entry checks the entry at p, the revision's te.
+func (k *keptWalk) entry(p, rel string, te format.TreeEntry, buf []byte) error {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil {
+		return err
+	}
+	if got := typeOf(st.Mode); got != te.Type {
+		return notKept("%s is a %s, the revision's a %s", rel, got, te.Type)
+	}
+	switch te.Type {
+	case format.TypeDir:
+		if _, err := getMarker(p, PendingDirXattr(), PendingDirUserXattr, false, buf); err == nil {
+			return notKept("directory %s is still to be populated", rel)
+		}
+		// A revision keeps a directory's permission bits only.
+		if st.Mode&0o7777 != te.Mode&0o777 {
+			return notKept("directory %s has mode %o, the revision %o", rel, st.Mode&0o7777, te.Mode&0o777)
+		}
+	case format.TypeSymlink:
+		if t, err := os.Readlink(p); err != nil || t != te.Target {
+			return notKept("symlink %s changed", rel)
+		}
+	case format.TypeFile:
+		cur := store.Stamp{Ino: st.Ino, Size: uint64(st.Size), Mtime: st.Mtim, Ctime: st.Ctim}
+		if s, ok := k.stamps[rel]; !ok || s != cur || int64(cur.Size) != te.Size {
+			return notKept("file %s changed since it was saved", rel)
+		}
+		key, _ := k.keys(rel)
+		var pf *pendingFile
+		if n, err := getMarker(p, PendingXattr(), PendingUserXattr, false, buf); err == nil {
+			mk, ok := k.l.revs.key(string(buf[:n]))
+			if !ok || !k.kept(mk) {
+				return notKept("placeholder %s names bytes the index no longer keeps", rel)
+			}
+			pf = &pendingFile{key: mk, size: st.Size, origPath: rel}
+		} // else fetched (ENODATA)
+		k.mu.Lock()
+		k.base.files[rel] = baseFile{stamp: cur, key: key}
+		if pf != nil {
+			k.l.pending[st.Ino] = *pf
+			k.l.bytes += st.Size
+		}
+		k.mu.Unlock()
+	}
+	k.mu.Lock()
+	k.found++
+	k.mu.Unlock()
+	return nil
 }
 
 func readKept(file string) ([]byte, error) {
