@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,8 +152,16 @@ func testKeptTreeAdopted(t *testing.T, newEnv func(*testing.T) *env) {
 		t.Fatalf("unmount: %s", r)
 	}
 
-	// --no-keep: the tree goes at every stop.
-	mp = e.mount("kept", "--serve", "native", "--no-keep")
+	// --no-keep: the tree goes at every stop. (With --json, the mount
+	// prints its status once ready, as status --json does.)
+	r := e.mountAt(mp, "kept", "--serve", "native", "--no-keep", "--json")
+	var st struct {
+		ID, Serve, Socket string
+		PendingFiles      *int
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.ID != "kept" || st.Serve != "native" || st.Socket == "" || st.PendingFiles == nil {
+		t.Fatalf("mount --daemon --json: %s", r)
+	}
 	if r := e.unmount(mp); r.code != 0 {
 		t.Fatalf("unmount: %s", r)
 	}

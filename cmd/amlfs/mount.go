@@ -81,6 +81,7 @@ func mountCommand() *cli.Command {
 		ArgsUsage: "MOUNTPOINT",
 		Flags: append(mountFlags(),
 			&cli.BoolFlag{Name: "daemon", Usage: "detach once the mount is ready"},
+			&cli.BoolFlag{Name: "json", Usage: "with --daemon: once the mount is ready, print its status as `amlfs status --json` does (a caller then needs no second command)"},
 		),
 		Action: func(c *cli.Context) error {
 			mp, err := oneArg(c, "MOUNTPOINT")
@@ -91,14 +92,19 @@ func mountCommand() *cli.Command {
 			if err := cfg.Normalize(); err != nil {
 				return err
 			}
+			if c.Bool("json") && !c.Bool("daemon") {
+				return amlerr.New(amlerr.InvalidConfig, "--json", "--json prints the status once a --daemon mount is ready: it needs --daemon")
+			}
 			if cfg.ID != "" && alreadyMounted(c, cfg) {
 				// A retried mount: the same workspace is served here.
 				fmt.Fprintf(c.App.ErrWriter, "amlfs: %s already serves workspace %s; nothing to do\n", cfg.Mountpoint, cfg.ID)
-				return nil
+				return printReadyStatus(c, cfg)
 			}
 			if cfg.ID == "" && cfg.Store != mount.StoreNone {
 				cfg.ID = uuid.NewString()
-				fmt.Fprintf(c.App.Writer, "workspace id: %s\n", cfg.ID)
+				if !c.Bool("json") { // the status names it
+					fmt.Fprintf(c.App.Writer, "workspace id: %s\n", cfg.ID)
+				}
 			}
 			if c.Bool("daemon") && os.Getenv(readyFdEnv) == "" {
 				return daemonize(c, cfg)
@@ -170,7 +176,7 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	args := []string{"--log-level", c.String("log-level"), "--log-format", c.String("log-format"), "mount"}
 	for _, f := range c.Command.Flags {
 		name := f.Names()[0]
-		if name == "daemon" || name == "id" || name == "cwd" || name == "revision" || name == "stop-timeout" || !c.IsSet(name) {
+		if name == "daemon" || name == "json" || name == "id" || name == "cwd" || name == "revision" || name == "stop-timeout" || !c.IsSet(name) {
 			continue
 		}
 		switch v := c.Value(name).(type) {
@@ -244,7 +250,7 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	if line == "ready" {
 		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (%s, pid %d, log %s)\n", cfg.Mountpoint, what(cfg), cmd.Process.Pid, logPath)
 		cmd.Process.Release()
-		return nil
+		return printReadyStatus(c, cfg)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -258,6 +264,23 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 		return exitStatus(code)
 	}
 	return fmt.Errorf("the daemon exited before the mount was ready; see %s", logPath)
+}
+
+// printReadyStatus prints, with --json, the status of the mount at
+// cfg.Mountpoint, as `amlfs status --json` does.
+func printReadyStatus(c *cli.Context, cfg mount.Config) error {
+	if !c.Bool("json") {
+		return nil
+	}
+	cl, err := mount.NewClient(cfg.Mountpoint)
+	if err != nil {
+		return err
+	}
+	st, err := cl.StatusCheckingLease(context.WithoutCancel(c.Context))
+	if err != nil {
+		return notRunning(cfg.Mountpoint, err)
+	}
+	return printJSON(c.App.Writer, st)
 }
 
 func unmountCommand() *cli.Command {

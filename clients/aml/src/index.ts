@@ -10,7 +10,7 @@ import { mkdir, mkdtemp, rm } from "node:fs/promises"
 import os from "node:os"
 import path from "node:path"
 
-import { AmlfsError, AmlfsMount, amlfs, cliError, run, type RunOptions } from "@amlfs/client"
+import { AmlfsError, AmlfsMount, amlfs, cliError, run, type MountStatus, type RunOptions } from "@amlfs/client"
 
 export { AmlfsError } from "@amlfs/client"
 
@@ -346,7 +346,8 @@ async function acquire(p: Parsed, request: WorkspaceAcquireRequest): Promise<Wor
   let mounted = false
   try {
     await mkdir(directory)
-    const result = await runCancellable(["mount", "--daemon", directory, ...args], run, request.signal, async () => {
+    // --json: the status once ready, from the same command.
+    const result = await runCancellable(["mount", "--daemon", "--json", directory, ...args], run, request.signal, async () => {
       // A mount that went ahead is not left behind by a cancellation.
       await unmount(directory, run)
     })
@@ -354,7 +355,11 @@ async function acquire(p: Parsed, request: WorkspaceAcquireRequest): Promise<Wor
       throw mapError(cliError(result), id, revision)
     }
     mounted = true
-    const { mount, status } = await AmlfsMount.find(directory, run)
+    const status = JSON.parse(result.stdout) as MountStatus
+    if (typeof status.socket !== "string" || status.socket === "") {
+      throw new AmlfsError({ code: "AMLFS_FAILED", message: `amlfs mount names no control socket for ${directory}` })
+    }
+    const mount = new AmlfsMount(directory, status.socket)
     request.signal.throwIfAborted()
     return createLease(p, run, { directory, leaseRoot, mount, id, workspace, revisionId: status.baseRevision || undefined, serve: status.serve })
   } catch (cause) {
