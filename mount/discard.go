@@ -28,7 +28,7 @@ func discard(dir, exe string, log *slog.Logger) error {
 	if exe == "" {
 		return os.RemoveAll(dir)
 	}
-	trash := filepath.Join(filepath.Dir(dir), fmt.Sprintf("%s%d-%d", trashPrefix, os.Getpid(), time.Now().UnixNano()))
+	trash := trashName(filepath.Dir(dir))
 	if err := os.Rename(dir, trash); err != nil {
 		if os.IsNotExist(err) {
 			return nil
@@ -37,6 +37,21 @@ func discard(dir, exe string, log *slog.Logger) error {
 	}
 	removeLater(trash, exe, log)
 	return nil
+}
+
+// trashName is a new name for a discarded tree in slot.
+func trashName(slot string) string {
+	return filepath.Join(slot, fmt.Sprintf("%s%d-%d", trashPrefix, os.Getpid(), time.Now().UnixNano()))
+}
+
+// removeTrash removes the discarded tree trash: by its own process
+// (removeLater) when there is an amlfs binary exe to run, else here.
+func removeTrash(trash, exe string, log *slog.Logger) {
+	if exe == "" {
+		os.RemoveAll(trash)
+		return
+	}
+	removeLater(trash, exe, log)
 }
 
 // removeLater starts the remover of trash, in a session of its own (a

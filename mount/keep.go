@@ -3,7 +3,6 @@ package mount
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,11 +63,10 @@ func (d *Daemon) adoptKept(ctx context.Context) bool {
 		return false
 	}
 	start := time.Now()
-	slot := filepath.Dir(d.workDir)
 	trash, n := "", 0
 	aside := func(rel string) error {
 		if trash == "" {
-			trash = filepath.Join(slot, fmt.Sprintf("%s%d-%d", trashPrefix, os.Getpid(), time.Now().UnixNano()))
+			trash = trashName(filepath.Dir(d.workDir))
 			if err := os.Mkdir(trash, 0o700); err != nil {
 				return err
 			}
@@ -78,11 +76,7 @@ func (d *Daemon) adoptKept(ctx context.Context) bool {
 	}
 	a, err := d.ws.Adopt(ctx, d.kept, cfg.Load, d.workDir, cfg.Selection(), aside)
 	if trash != "" {
-		if cfg.Keeper == "" {
-			os.RemoveAll(trash)
-		} else {
-			removeLater(trash, cfg.Keeper, d.log)
-		}
+		removeTrash(trash, cfg.Keeper, d.log)
 	}
 	if err != nil {
 		if errors.Is(err, revision.ErrNotKept) {

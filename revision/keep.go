@@ -65,9 +65,9 @@ func notKept(format string, args ...any) error {
 
 // WriteKept records in file that the tree at dir is revision rev, with
 // its files' stamps, for a later Adopt. It refuses unless the tree's base
-// (what it was restored from or last saved as) is rev, at dir. Call it
-// after Close: the save's repointing, which changes placeholders' stamps,
-// has ended then.
+// (what it was restored from or last saved as) is rev, at dir. It waits
+// first for the last save's repointing, which changes placeholders'
+// stamps (as Close does).
 func (w *Workspace) WriteKept(file, dir, rev string) error {
 	w.prunes.Wait()
 	b := w.baseTree()
@@ -271,7 +271,7 @@ func (k *keptWalk) entry(p, rel string, te format.TreeEntry, buf []byte) error {
 			return notKept("symlink %s changed", rel)
 		}
 	case format.TypeFile:
-		cur := store.Stamp{Ino: st.Ino, Size: uint64(st.Size), Mtime: st.Mtim, Ctime: st.Ctim}
+		cur := stampOfStat(&st)
 		if s, ok := k.stamps[rel]; !ok || s != cur || int64(cur.Size) != te.Size {
 			return notKept("file %s changed since it was saved", rel)
 		}

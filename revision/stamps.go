@@ -80,7 +80,12 @@ func statStamp(path string) (store.Stamp, bool) {
 	if err := syscall.Lstat(path, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return store.Stamp{}, false
 	}
-	return store.Stamp{Ino: st.Ino, Size: uint64(st.Size), Mtime: st.Mtim, Ctime: st.Ctim}, true
+	return stampOfStat(&st), true
+}
+
+// stampOfStat is the stamp of the file st describes.
+func stampOfStat(st *syscall.Stat_t) store.Stamp {
+	return store.Stamp{Ino: st.Ino, Size: uint64(st.Size), Mtime: st.Mtim, Ctime: st.Ctim}
 }
 
 // reusable returns the key of p's bytes in the base revision if the file
