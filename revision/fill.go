@@ -19,10 +19,11 @@ import (
 
 // fetchWith is fetch with the fill to run: into a file named path, or
 // into a descriptor already open (FillFile).
-func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, path string, fill func(context.Context, pendingFile) error) error {
+func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, id fileID, path string, fill func(context.Context, pendingFile) error) error {
 	var pf pendingFile
+	ino := id.ino
 	return shareCall(ctx, w.fetchCtx, w.opts.FetchTimeout, &l.mu, l.inflight, ino,
-		func() (ok bool) { pf, ok = l.pending[ino]; return ok },
+		func() (ok bool) { pf, ok = l.file(id); return ok },
 		func(ctx context.Context) error {
 			err := fill(ctx, pf)
 			if err != nil {
@@ -36,6 +37,9 @@ func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, pat
 			return err
 		},
 		func(err error) {
+			if _, ok := l.file(id); !ok {
+				return // made again meanwhile
+			}
 			switch {
 			case err == nil:
 				delete(l.pending, ino)
@@ -52,21 +56,22 @@ func (w *Workspace) fetchWith(ctx context.Context, l *lazyState, ino uint64, pat
 // writes raise no further event). It returns nil at once if f is not a
 // pending placeholder of this tree.
 func (w *Workspace) fillOpen(ctx context.Context, f *os.File) error {
-	return w.fillVia(ctx, int(f.Fd()), func(ctx context.Context, pf pendingFile, ino uint64) error {
-		return w.fillFile(ctx, pf, ino, f, nil)
+	return w.fillVia(ctx, int(f.Fd()), func(ctx context.Context, pf pendingFile, id fileID) error {
+		return w.fillFile(ctx, pf, id, f, nil)
 	})
 }
 
 // fillVia runs fill for the pending placeholder of this tree that fd
 // refers to, through the fetches' one singleflight; it returns nil at once
 // if fd is anything else.
-func (w *Workspace) fillVia(ctx context.Context, fd int, fill func(ctx context.Context, pf pendingFile, ino uint64) error) error {
+func (w *Workspace) fillVia(ctx context.Context, fd int, fill func(ctx context.Context, pf pendingFile, id fileID) error) error {
 	l := w.lazyState()
 	if l == nil {
 		return nil
 	}
-	var st, dir syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
+	var st unix.Stat_t
+	var dir syscall.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
@@ -75,12 +80,22 @@ func (w *Workspace) fillVia(ctx context.Context, fd int, fill func(ctx context.C
 	if err := syscall.Stat(l.dir, &dir); err != nil || st.Dev != dir.Dev {
 		return err
 	}
+	l.mu.Lock()
+	_, maybe := l.pending[st.Ino]
+	l.mu.Unlock()
+	if !maybe {
+		return nil // no handle to read for a file that is no placeholder
+	}
+	id, err := idOf(fd, &st)
+	if err != nil {
+		return err
+	}
 	proc := fmt.Sprintf("/proc/self/fd/%d", fd)
 	name, err := os.Readlink(proc)
 	if err != nil {
 		name = proc
 	}
-	return w.fetchWith(ctx, l, st.Ino, name, func(ctx context.Context, pf pendingFile) error { return fill(ctx, pf, st.Ino) })
+	return w.fetchWith(ctx, l, id, name, func(ctx context.Context, pf pendingFile) error { return fill(ctx, pf, id) })
 }
 
 // Fill gives the placeholder that fd refers to (any descriptor of it; an
@@ -89,13 +104,13 @@ func (w *Workspace) fillVia(ctx context.Context, fd int, fill func(ctx context.C
 // for writing through fd itself, never by a path, and only when there is
 // something to fill (an open for writing fails on a running executable).
 func (w *Workspace) fillFd(ctx context.Context, fd int) error {
-	return w.fillVia(ctx, fd, func(ctx context.Context, pf pendingFile, ino uint64) error {
+	return w.fillVia(ctx, fd, func(ctx context.Context, pf pendingFile, id fileID) error {
 		f, restore, err := reopenForFill(fd)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		return w.fillFile(ctx, pf, ino, f, restore)
+		return w.fillFile(ctx, pf, id, f, restore)
 	})
 }
 
@@ -179,7 +194,7 @@ func shareCall(ctx, base context.Context, limit time.Duration, mu *sync.Mutex, c
 
 // fill writes a placeholder's bytes in place, finding it by path
 // (lazyState.open) and opening it for writing through that descriptor.
-func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino uint64, path string) error {
+func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, id fileID, path string) error {
 	p, err := l.open(path, unix.O_PATH)
 	if err != nil {
 		return err
@@ -190,7 +205,7 @@ func (w *Workspace) fill(ctx context.Context, l *lazyState, pf pendingFile, ino 
 		return err
 	}
 	defer f.Close()
-	return w.fillFile(ctx, pf, ino, f, restore)
+	return w.fillFile(ctx, pf, id, f, restore)
 }
 
 // open opens path, below the working directory, with no symlink followed
@@ -203,15 +218,37 @@ func (l *lazyState) open(path string, flags int) (*os.File, error) {
 	return openBeneath(l.dir, rel, flags)
 }
 
-// isPending checks that f is still the placeholder ino: a regular file of
-// that inode, not whatever was put at its path since. It returns f's stat.
-func isPending(f *os.File, ino uint64) (syscall.Stat_t, error) {
+// isPlaceholder checks that f is still the placeholder id, whose bytes
+// pf names: a regular file with that handle, and a marker of bytes of that
+// artifact (a file of a file system that gives no handles is known by its
+// marker alone), not whatever was put at its path, or took its inode
+// number, since. It returns f's stat.
+func (l *lazyState) isPlaceholder(f *os.File, id fileID, pf pendingFile) (syscall.Stat_t, error) {
 	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+	fd := int(f.Fd())
+	got, err := idOfFd(fd)
+	if err != nil {
 		return st, err
 	}
-	if st.Ino != ino || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return st, fmt.Errorf("%s is no longer the placeholder (inode %d, want %d)", f.Name(), st.Ino, ino)
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return st, err
+	}
+	if got != id || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return st, fmt.Errorf("%s is no longer the placeholder %v: it is %v", f.Name(), id, got)
+	}
+	buf := make([]byte, 4096)
+	n, err := unix.Fgetxattr(fd, PendingXattr(), buf)
+	if errors.Is(err, unix.ENODATA) && PendingXattr() != PendingUserXattr {
+		n, err = unix.Fgetxattr(fd, PendingUserXattr, buf) // an older amlfs's marker
+	}
+	if err != nil {
+		return st, fmt.Errorf("%s is no longer the placeholder of %s: its marker: %w", f.Name(), pf.key, err)
+	}
+	// A short marker reads back as its archive's entry number, which
+	// the record may name by its member: their archives must agree.
+	key, ok := l.revs.key(string(buf[:n]))
+	if !ok || artifactOf(key) != artifactOf(pf.key) {
+		return st, fmt.Errorf("%s is no longer the placeholder of %s: it is marked %q", f.Name(), pf.key, buf[:n])
 	}
 	return st, nil
 }
@@ -225,16 +262,21 @@ func (w *Workspace) goneErr(pf pendingFile) error {
 // fillFile writes a placeholder's bytes into f, checks their count, makes
 // them durable, then clears the marker. restore, if not nil, puts back the
 // mode reopenForFill changed, before the file's stat data are recorded.
-func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, ino uint64, f *os.File, restore func() error) error {
+func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, id fileID, f *os.File, restore func() error) error {
 	defer func() {
 		if restore != nil { // not restored yet: the fill failed
 			restore()
 		}
 	}()
-	before, err := isPending(f, ino)
+	l := w.lazyState()
+	if l == nil {
+		return nil
+	}
+	before, err := l.isPlaceholder(f, id, pf)
 	if err != nil {
 		return err
 	}
+	ino := id.ino
 	r, err := w.openFileBytes(ctx, pf.key)
 	if errors.Is(err, store.ErrNotExist) {
 		return w.goneErr(pf)

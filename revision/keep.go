@@ -282,7 +282,11 @@ func (k *keptWalk) entry(p, rel string, te format.TreeEntry, buf []byte) error {
 			if !ok || !k.kept(mk) {
 				return notKept("placeholder %s names bytes the index no longer keeps", rel)
 			}
-			pf = &pendingFile{key: mk, size: st.Size, origPath: rel}
+			id, err := idOfPath(p)
+			if err != nil || id.ino != st.Ino {
+				return notKept("placeholder %s changed while it was read", rel)
+			}
+			pf = &pendingFile{key: mk, size: st.Size, origPath: rel, handle: id.handle}
 		} // else fetched (ENODATA)
 		k.mu.Lock()
 		k.base.files[rel] = baseFile{stamp: cur, key: key}

@@ -62,14 +62,23 @@ type pendingFile struct {
 	key      string
 	size     int64
 	origPath string // where restore put it; the base tree's key
+	handle   string // the placeholder's file handle (fileID)
+}
+
+// file is the pending record of the file id, if it is a placeholder of
+// this tree still to fill: a record of a file gone since whose number id
+// reuses is not its. Must hold l.mu.
+func (l *lazyState) file(id fileID) (pendingFile, bool) {
+	pf, ok := l.pending[id.ino]
+	return pf, ok && pf.handle == id.handle
 }
 
 type lazyState struct {
 	dir      string
 	mu       sync.Mutex
-	pending  map[uint64]pendingFile // GUARDED_BY(mu): by inode
+	pending  map[uint64]pendingFile // GUARDED_BY(mu): by inode number; see file
 	bytes    int64                  // GUARDED_BY(mu): bytes still pending
-	inflight map[uint64]*fetchCall  // GUARDED_BY(mu)
+	inflight map[uint64]*fetchCall  // GUARDED_BY(mu): by inode number
 	// gone are the pending files whose bytes another writer pruned: each
 	// read of one gives EIO, logged once. INVARIANT: a subset of pending.
 	// The value is the path where the fetch found it.
@@ -169,6 +178,10 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_BASIC_STATS|unix.STATX_BTIME, &st); err != nil {
 		return store.Stamp{}, err
 	}
+	h, err := handleOf(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return store.Stamp{}, err
+	}
 	if view != nil {
 		view.Restored(&st, te)
 	}
@@ -177,7 +190,7 @@ func (l *lazyState) addPlaceholder(dirfd int, dir, name string, te format.TreeEn
 			return store.Stamp{}, err
 		}
 	}
-	return l.counted(st, te, key), nil
+	return l.counted(st, h, te, key), nil
 }
 
 // madeMode is a placeholder's mode until it has its own: readable and
@@ -220,27 +233,38 @@ func (l *lazyState) interrupted(dirfd int, dst, name string, te format.TreeEntry
 
 // took counts the placeholder an interrupted population made whole.
 func (l *lazyState) took(st unix.Statx_t, te format.TreeEntry, key string, dirfd int, name string, made func(fd int) error) (store.Stamp, error) {
+	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return store.Stamp{}, err
+	}
+	defer unix.Close(pfd)
+	var pst unix.Stat_t
+	if err := unix.Fstat(pfd, &pst); err != nil {
+		return store.Stamp{}, err
+	}
+	if pst.Ino != st.Ino {
+		return store.Stamp{}, fmt.Errorf("%s changed while a population took it up", name)
+	}
+	h, err := handleOf(pfd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return store.Stamp{}, err
+	}
 	if made != nil {
-		pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return store.Stamp{}, err
-		}
-		err = made(pfd)
-		unix.Close(pfd)
-		if err != nil {
+		if err := made(pfd); err != nil {
 			return store.Stamp{}, err
 		}
 	}
-	return l.counted(st, te, key), nil
+	return l.counted(st, h, te, key), nil
 }
 
-// counted records the placeholder st as pending and returns its stamp.
-func (l *lazyState) counted(st unix.Statx_t, te format.TreeEntry, key string) store.Stamp {
+// counted records the placeholder st, whose handle is h, as pending and
+// returns its stamp.
+func (l *lazyState) counted(st unix.Statx_t, h string, te format.TreeEntry, key string) store.Stamp {
 	l.mu.Lock()
 	if old, ok := l.pending[st.Ino]; ok {
 		l.bytes -= old.size
 	}
-	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path}
+	l.pending[st.Ino] = pendingFile{key: key, size: te.Size, origPath: te.Path, handle: h}
 	l.bytes += te.Size
 	l.mu.Unlock()
 	return store.Stamp{Ino: st.Ino, Size: st.Size, Mtime: tsOf(st.Mtime), Ctime: tsOf(st.Ctime)}
@@ -331,12 +355,12 @@ func scanPending(dir string, sel format.Selection, legacy bool) (*lazyState, err
 		if !ok {
 			return amlerr.New(amlerr.InvalidStore, p, "bad pending marker %q", buf[:n])
 		}
-		var st syscall.Stat_t
-		if err := syscall.Lstat(p, &st); err != nil {
+		id, st, err := idAt(unix.AT_FDCWD, p)
+		if err != nil {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, p)
-		l.pending[st.Ino] = pendingFile{key: key, size: st.Size, origPath: filepath.ToSlash(rel)}
+		l.pending[st.Ino] = pendingFile{key: key, size: st.Size, origPath: filepath.ToSlash(rel), handle: id.handle}
 		l.bytes += st.Size
 		return nil
 	})
@@ -357,16 +381,17 @@ func (w *Workspace) gone() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for ino, p := range l.gone {
-		var st syscall.Stat_t
-		if _, pending := l.pending[ino]; !pending || syscall.Lstat(p, &st) != nil || st.Ino != ino {
+		pf, pending := l.pending[ino]
+		if id, err := idOfPath(p); !pending || err != nil || id.ino != ino || id.handle != pf.handle {
 			delete(l.gone, ino)
 		}
 	}
 	return len(l.gone)
 }
 
-// isPending reports whether ino is a placeholder of this tree whose bytes
-// are not fetched yet.
+// isPending reports whether a placeholder of this tree whose bytes are
+// not fetched yet had the inode number ino (it may be gone since: the
+// caller checks the file's identity before acting on it).
 func (w *Workspace) isPending(ino uint64) bool {
 	l := w.lazyState()
 	if l == nil {
@@ -447,8 +472,8 @@ func (w *Workspace) ensure(ctx context.Context, rel string) error {
 		return nil
 	}
 	p := filepath.Join(l.dir, filepath.FromSlash(rel))
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil {
+	id, err := idOfPath(p)
+	if err != nil {
 		if !dirs || !errors.Is(err, syscall.ENOENT) {
 			return nil // gone or not there: nothing to fetch
 		}
@@ -456,24 +481,24 @@ func (w *Workspace) ensure(ctx context.Context, rel string) error {
 		if err := w.ensureDir(ctx, parentDir(rel)); err != nil {
 			return err
 		}
-		if syscall.Lstat(p, &st) != nil {
+		if id, err = idOfPath(p); err != nil {
 			return nil
 		}
 	}
-	return w.fetch(ctx, l, st.Ino, p)
+	return w.fetch(ctx, l, id, p)
 }
 
-func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path string) error {
+func (w *Workspace) fetch(ctx context.Context, l *lazyState, id fileID, path string) error {
 	w.lmu.Lock()
 	onAccess := w.onAccess
 	w.lmu.Unlock()
 	if onAccess {
-		if err := w.access(l, ino, path); err != nil {
+		if err := w.access(l, id, path); err != nil {
 			// Never fall back to a fill by path here: its write would
 			// wait on the very event it raises.
 			l.mu.Lock()
-			_, gone := l.gone[ino]
-			pf := l.pending[ino]
+			_, gone := l.gone[id.ino]
+			pf, _ := l.file(id)
 			l.mu.Unlock()
 			if gone {
 				return w.goneErr(pf)
@@ -481,7 +506,7 @@ func (w *Workspace) fetch(ctx context.Context, l *lazyState, ino uint64, path st
 			return err
 		}
 	}
-	return w.fetchWith(ctx, l, ino, path, func(ctx context.Context, pf pendingFile) error { return w.fill(ctx, l, pf, ino, path) })
+	return w.fetchWith(ctx, l, id, path, func(ctx context.Context, pf pendingFile) error { return w.fill(ctx, l, pf, id, path) })
 }
 
 // FillOnAccess makes the workspace's own fetches (prefetch, a save) go
@@ -497,13 +522,13 @@ func (w *Workspace) fillOnAccess() {
 	w.lmu.Unlock()
 }
 
-// access reads the first byte of the pending placeholder ino at path,
+// access reads the first byte of the pending placeholder id at path,
 // below the working directory, so that its pre-content event fills it.
 // A placeholder still pending after it (one no mark covers) is left to
 // the fill by path, which then raises no event.
-func (w *Workspace) access(l *lazyState, ino uint64, path string) error {
+func (w *Workspace) access(l *lazyState, id fileID, path string) error {
 	l.mu.Lock()
-	_, ok := l.pending[ino]
+	_, ok := l.file(id)
 	l.mu.Unlock()
 	if !ok {
 		return nil
@@ -516,8 +541,8 @@ func (w *Workspace) access(l *lazyState, ino uint64, path string) error {
 		return err
 	}
 	defer f.Close()
-	if _, err := isPending(f, ino); err != nil {
-		return err
+	if got, err := idOfFd(int(f.Fd())); err != nil || got != id {
+		return fmt.Errorf("%s is no longer the placeholder %v", path, id)
 	}
 	var b [1]byte
 	if _, err := f.ReadAt(b[:], 0); err != nil && err != io.EOF {
@@ -557,11 +582,11 @@ func (w *Workspace) prefetch(ctx context.Context, workers int) {
 			defer wg.Done()
 			for j := range ch {
 				p := filepath.Join(l.dir, filepath.FromSlash(j.pf.origPath))
-				var st syscall.Stat_t
-				if syscall.Lstat(p, &st) != nil || st.Ino != j.ino {
-					continue // moved: fetched when next opened or saved
+				id, err := idOfPath(p)
+				if err != nil || id.ino != j.ino || id.handle != j.pf.handle {
+					continue // moved or gone: fetched when next opened or saved
 				}
-				w.fetch(ctx, l, j.ino, p)
+				w.fetch(ctx, l, id, p)
 			}
 		}()
 	}
@@ -615,26 +640,47 @@ func (w *Workspace) repoint(moves map[uint64]repointTo) {
 // place m, and returns its stamp after. No fetch of it can start or end
 // meanwhile: a placeholder being fetched, or fetched, is left alone.
 func (l *lazyState) remark(p string, ino uint64, m repointTo) (store.Stamp, bool) {
+	rel, err := relTo(l.dir, p)
+	if err != nil {
+		return store.Stamp{}, false
+	}
+	// The file is marked through a descriptor of it, found beneath the
+	// working directory: not whatever is at p by the time of the write.
+	f, err := openBeneath(l.dir, rel, unix.O_PATH)
+	if err != nil {
+		return store.Stamp{}, false // moved: fetched when next opened or saved
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Ino != ino || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return store.Stamp{}, false
+	}
+	id, err := idOf(fd, &st)
+	if err != nil {
+		return store.Stamp{}, false
+	}
 	l.revs.mu.RLock()
 	defer l.revs.mu.RUnlock()
 	marker := l.revs.marker(m.key, m.idx, l.artifactsInUse)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	cur, ok := l.pending[ino]
+	cur, ok := l.file(id)
 	if _, busy := l.inflight[ino]; !ok || busy {
 		return store.Stamp{}, false
 	}
-	before, ok := statStamp(p)
-	if !ok || before.Ino != ino {
-		return store.Stamp{}, false // moved: fetched when next opened or saved
+	before, err := store.FileStamp(f)
+	if err != nil {
+		return store.Stamp{}, false
 	}
-	if err := unix.Lsetxattr(p, PendingXattr(), marker, unix.XATTR_REPLACE); err != nil {
+	// An O_PATH descriptor takes no xattr call; its magic link does.
+	if err := unix.Setxattr(fmt.Sprintf("/proc/self/fd/%d", fd), PendingXattr(), marker, unix.XATTR_REPLACE); err != nil {
 		return store.Stamp{}, false // fetched: the marker is gone
 	}
 	cur.key = m.key
 	l.pending[ino] = cur
-	after, ok := statStamp(p)
-	if !ok || after.Ino != ino || after.Size != before.Size || after.Mtime != before.Mtime {
+	after, err := store.FileStamp(f)
+	if err != nil || after.Size != before.Size || after.Mtime != before.Mtime {
 		return store.Stamp{}, false
 	}
 	return after, true
@@ -688,16 +734,25 @@ func (w *Workspace) fetchFrom(ctx context.Context, revPath string) bool {
 	ok := true
 	for _, j := range jobs {
 		p, found := paths[j.ino]
+		var id fileID
+		if found {
+			var err error
+			id, err = idOfPath(p)
+			found = err == nil && id.ino == j.ino && id.handle == j.pf.handle
+		}
 		if !found {
-			// Unlinked: nothing needs its bytes any more.
+			// Unlinked (its number may name a file made since):
+			// nothing needs its bytes any more.
 			l.mu.Lock()
-			delete(l.pending, j.ino)
-			delete(l.gone, j.ino)
-			l.bytes -= j.pf.size
+			if cur, ok := l.pending[j.ino]; ok && cur.handle == j.pf.handle {
+				delete(l.pending, j.ino)
+				delete(l.gone, j.ino)
+				l.bytes -= j.pf.size
+			}
 			l.mu.Unlock()
 			continue
 		}
-		if err := w.fetch(ctx, l, j.ino, p); err != nil {
+		if err := w.fetch(ctx, l, id, p); err != nil {
 			ok = false
 		}
 	}
@@ -711,11 +766,11 @@ func (w *Workspace) populateFrom(ctx context.Context, l *lazyState, revPath stri
 	if d == nil || d.n.Load() == 0 {
 		return true
 	}
-	want := map[uint64]bool{}
+	want := map[fileID]bool{}
 	d.mu.Lock()
 	for ino, pd := range d.dirs {
 		if pd.rev == revPath {
-			want[ino] = true
+			want[fileID{ino: ino, handle: pd.handle}] = true
 		}
 	}
 	d.mu.Unlock()
@@ -724,8 +779,8 @@ func (w *Workspace) populateFrom(ctx context.Context, l *lazyState, revPath stri
 	}
 	found := findDirs(l.dir, want)
 	ok := len(found) == len(want)
-	for ino, p := range found {
-		if err := w.populate(ctx, l, ino, p); err != nil {
+	for id, p := range found {
+		if err := w.populate(ctx, l, id, p); err != nil {
 			ok = false
 		}
 	}

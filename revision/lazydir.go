@@ -47,12 +47,20 @@ func PendingDirXattr() string { return markerXattr(PendingDirUserXattr) }
 type pendingDir struct {
 	rev      string // folder revision path, "revisions/<seg>/"
 	origPath string // the directory's manifest path ("" for the root)
+	handle   string // the directory's file handle (fileID)
+}
+
+// dir is the pending record of the directory id, if it is still to be
+// populated (see lazyState.file). Must hold d.mu.
+func (d *dirSet) dir(id fileID) (pendingDir, bool) {
+	pd, ok := d.dirs[id.ino]
+	return pd, ok && pd.handle == id.handle
 }
 
 // dirSet is the lazy state of directories.
 type dirSet struct {
 	mu    sync.Mutex
-	dirs  map[uint64]pendingDir                 // GUARDED_BY(mu): by inode
+	dirs  map[uint64]pendingDir                 // GUARDED_BY(mu): by inode number; see dir
 	calls map[uint64]*fetchCall                 // GUARDED_BY(mu)
 	files map[string][]format.TreeEntry         // GUARDED_BY(mu): rev + "\x00" + dir -> its files
 	revs  map[string]func(string) (string, int) // GUARDED_BY(mu): revisions loaded into files, and their files' keys
@@ -106,15 +114,15 @@ func (d *dirSet) markDir(dir, orig, rev string) error {
 	if err := unix.Lsetxattr(dir, PendingDirXattr(), []byte(rev+"\x00"+orig), 0); err != nil {
 		return fmt.Errorf("mark directory %s: %w", dir, err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Lstat(dir, &st); err != nil {
+	id, err := idOfPath(dir)
+	if err != nil {
 		return err
 	}
 	d.mu.Lock()
-	if _, ok := d.dirs[st.Ino]; !ok {
+	if _, ok := d.dirs[id.ino]; !ok {
 		d.n.Add(1)
 	}
-	d.dirs[st.Ino] = pendingDir{rev: rev, origPath: orig}
+	d.dirs[id.ino] = pendingDir{rev: rev, origPath: orig, handle: id.handle}
 	d.mu.Unlock()
 	return nil
 }
@@ -152,27 +160,28 @@ func (w *Workspace) ensureDir(ctx context.Context, rel string) error {
 		return nil
 	}
 	p := filepath.Join(l.dir, filepath.FromSlash(rel))
-	var st syscall.Stat_t
-	if err := syscall.Lstat(p, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+	id, st, err := idAt(unix.AT_FDCWD, p)
+	if err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		return nil
 	}
-	return w.populate(ctx, l, st.Ino, p)
+	return w.populate(ctx, l, id, p)
 }
 
-func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir string) error {
+func (w *Workspace) populate(ctx context.Context, l *lazyState, id fileID, dir string) error {
 	d := l.dirs
 	var pd pendingDir
+	ino := id.ino
 	return shareCall(ctx, w.fetchCtx, w.opts.FetchTimeout, &d.mu, d.calls, ino,
-		func() (ok bool) { pd, ok = d.dirs[ino]; return ok },
+		func() (ok bool) { pd, ok = d.dir(id); return ok },
 		func(ctx context.Context) error {
-			err := w.fillDir(ctx, l, pd, dir)
+			err := w.fillDir(ctx, l, id, pd, dir)
 			if err != nil {
 				w.log.Error("make placeholders", "op", "populate", "path", dir, "revision", pd.rev, "err", err)
 			}
 			return err
 		},
 		func(err error) {
-			if err == nil {
+			if _, ok := d.dir(id); err == nil && ok {
 				delete(d.dirs, ino)
 				d.n.Add(-1)
 			}
@@ -181,7 +190,7 @@ func (w *Workspace) populate(ctx context.Context, l *lazyState, ino uint64, dir 
 
 // fillDir makes the placeholders of one pending directory, then clears its
 // marker.
-func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, dir string) error {
+func (w *Workspace) fillDir(ctx context.Context, l *lazyState, id fileID, pd pendingDir, dir string) error {
 	d := l.dirs
 	d.mu.Lock()
 	loaded := d.revs[pd.rev] != nil
@@ -233,6 +242,17 @@ func (w *Workspace) fillDir(ctx context.Context, l *lazyState, pd pendingDir, di
 	if err := unix.Fstat(dirfd, &dst); err != nil {
 		return err
 	}
+	// Only into the very directory that is still to populate: not one
+	// made at its path, or with its inode number, since.
+	if got, err := idOf(dirfd, &dst); err != nil || got != id {
+		return fmt.Errorf("%s is no longer the directory %v to populate", dir, id)
+	}
+	mk := make([]byte, 4096)
+	if _, err := unix.Getxattr(fmt.Sprintf("/proc/self/fd/%d", dirfd), PendingDirXattr(), mk); err != nil {
+		if _, uerr := unix.Getxattr(fmt.Sprintf("/proc/self/fd/%d", dirfd), PendingDirUserXattr, mk); uerr != nil {
+			return fmt.Errorf("%s is no longer a directory to populate: its marker: %w", dir, err)
+		}
+	}
 	for _, te := range files {
 		key, idx := keyOf(te.Path)
 		stp, err := l.addPlaceholder(dirfd, dir, path.Base(te.Path), te, key, idx, view, made)
@@ -268,7 +288,7 @@ func (w *Workspace) populateAll(ctx context.Context) error {
 	}
 	type dir struct {
 		path string
-		ino  uint64
+		id   fileID
 	}
 	var dirs []dir
 	err := filepath.WalkDir(l.dir, func(p string, de fs.DirEntry, err error) error {
@@ -278,9 +298,8 @@ func (w *Workspace) populateAll(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		var st syscall.Stat_t
-		if syscall.Lstat(p, &st) == nil {
-			dirs = append(dirs, dir{p, st.Ino})
+		if id, err := idOfPath(p); err == nil {
+			dirs = append(dirs, dir{p, id})
 		}
 		return nil
 	})
@@ -291,7 +310,7 @@ func (w *Workspace) populateAll(ctx context.Context) error {
 	var g errgroup.Group
 	g.SetLimit(populateWorkers)
 	for _, d := range dirs {
-		g.Go(func() error { return w.populate(ctx, l, d.ino, d.path) })
+		g.Go(func() error { return w.populate(ctx, l, d.id, d.path) })
 	}
 	if err := g.Wait(); err != nil {
 		return err

@@ -198,7 +198,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	w.expect = nil // the tree is now the new revision's
 	w.setFork(nil)
 	var moves map[uint64]repointTo
-	var listed map[uint64]string
+	var listed map[fileID]string
 	if src == w {
 		w.setBaseAfterFills(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
 		moves, listed = up.moves, up.listed
@@ -341,7 +341,7 @@ type uploadStats struct {
 	uploadedBytes    int64
 	stamps           map[string]baseFile
 	moves            map[uint64]repointTo // reused placeholders, by inode
-	listed           map[uint64]string    // pending directories listed from the base (virtual.go)
+	listed           map[fileID]string    // pending directories listed from the base (virtual.go)
 	index            *format.ArchiveIndex // an archive's
 	earlier, leftOut []string             // files unsettled (SaveResult)
 	// held: the tree was read while its writers were held (staging):

@@ -3,6 +3,7 @@ package revision
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path"
 	"path/filepath"
@@ -36,7 +37,7 @@ type pendingSnapshot struct {
 	virtual bool   // pending directories may be listed from the revision
 	rev     string // the base archive, which they must come from
 	sel     format.Selection
-	dirs    map[uint64]string // GUARDED_BY(l.dirs.mu): listed from the revision: inode -> path
+	dirs    map[fileID]string // GUARDED_BY(l.dirs.mu): listed from the revision: directory -> path
 }
 
 // snapshotPending prepares a save of src's tree (w's own when src == w)
@@ -46,7 +47,7 @@ func (w *Workspace) snapshotPending(ctx context.Context, src *Workspace, base *b
 	if l == nil || l.dirs == nil || l.dir != dir {
 		return nil
 	}
-	ps := &pendingSnapshot{w: src, ctx: ctx, l: l, sel: sel, dirs: map[uint64]string{}}
+	ps := &pendingSnapshot{w: src, ctx: ctx, l: l, sel: sel, dirs: map[fileID]string{}}
 	ps.virtual = src == w && w.opts.Format == format.FormatArchive && base != nil && base.index != nil && base.dir == dir
 	if ps.virtual {
 		ps.rev = base.revPath
@@ -66,8 +67,19 @@ func (ps *pendingSnapshot) prepare(rel string) ([]format.TreeEntry, error) {
 	d := ps.l.dirs
 	if d.n.Load() > 0 {
 		d.mu.Lock()
-		pd, pending := d.dirs[st.Ino]
-		_, busy := d.calls[st.Ino]
+		_, maybe := d.dirs[st.Ino]
+		d.mu.Unlock()
+		var id fileID
+		if maybe {
+			var err error
+			if id, err = idOfPath(p); err != nil {
+				return nil, nil
+			}
+		}
+		d.mu.Lock()
+		pd, pending := d.dir(id)
+		pending = pending && maybe
+		_, busy := d.calls[id.ino]
 		files := d.files[pd.rev+"\x00"+pd.origPath]
 		loaded := d.revs[pd.rev] != nil
 		ok := pending && !busy && loaded && ps.virtual && pd.rev == ps.rev && pd.origPath == rel
@@ -79,16 +91,16 @@ func (ps *pendingSnapshot) prepare(rel string) ([]format.TreeEntry, error) {
 			}
 		}
 		if ok {
-			ps.dirs[st.Ino] = rel
+			ps.dirs[id] = rel
 			d.mu.Unlock()
 			return append([]format.TreeEntry(nil), files...), nil
 		}
 		// Listed by an earlier reading of this save (readHeld), and
 		// made since: its placeholders are listed now.
-		delete(ps.dirs, st.Ino)
+		delete(ps.dirs, id)
 		d.mu.Unlock()
 		if pending {
-			if err := ps.w.populate(ps.ctx, ps.l, st.Ino, p); err != nil {
+			if err := ps.w.populate(ps.ctx, ps.l, id, p); err != nil {
 				return nil, err
 			}
 		}
@@ -105,16 +117,16 @@ func (ps *pendingSnapshot) prepare(rel string) ([]format.TreeEntry, error) {
 	return nil, nil
 }
 
-// listed reports the directories listed from the revision, by inode.
-func (ps *pendingSnapshot) listed() map[uint64]string {
+// listed reports the directories listed from the revision.
+func (ps *pendingSnapshot) listed() map[fileID]string {
 	if ps == nil {
 		return nil
 	}
 	ps.l.dirs.mu.Lock()
 	defer ps.l.dirs.mu.Unlock()
-	out := make(map[uint64]string, len(ps.dirs))
-	for ino, rel := range ps.dirs {
-		out[ino] = rel
+	out := make(map[fileID]string, len(ps.dirs))
+	for id, rel := range ps.dirs {
+		out[id] = rel
 	}
 	return out
 }
@@ -123,53 +135,52 @@ func (ps *pendingSnapshot) listed() map[uint64]string {
 // (dirs: inode -> path) to the archive at rev it published, whose index
 // is x: their files' members are there now. One that cannot be moved is
 // populated, so that pruning the base fetches its files first.
-func (w *Workspace) repointDirs(ctx context.Context, dirs map[uint64]string, rev string, x *format.ArchiveIndex) {
+func (w *Workspace) repointDirs(ctx context.Context, dirs map[fileID]string, rev string, x *format.ArchiveIndex) {
 	l := w.lazyState()
 	if l == nil || l.dirs == nil || len(dirs) == 0 || x == nil {
 		return
 	}
 	// Where each directory is now: where the save listed it, unless an
 	// ancestor moved since (which does not populate it).
-	at := make(map[uint64]string, len(dirs))
-	moved := map[uint64]bool{}
-	for ino, rel := range dirs {
+	at := make(map[fileID]string, len(dirs))
+	moved := map[fileID]bool{}
+	for id, rel := range dirs {
 		p := filepath.Join(l.dir, filepath.FromSlash(rel))
-		var st syscall.Stat_t
-		if syscall.Lstat(p, &st) == nil && st.Ino == ino {
-			at[ino] = p
+		if got, err := idOfPath(p); err == nil && got == id {
+			at[id] = p
 		} else {
-			moved[ino] = true
+			moved[id] = true
 		}
 	}
-	for ino, p := range findDirs(l.dir, moved) {
-		at[ino] = p
+	for id, p := range findDirs(l.dir, moved) {
+		at[id] = p
 	}
 	d := l.dirs
 	d.mu.Lock()
 	d.load(rev, d.sel.Filter(x.Tree()), x)
-	failed := map[uint64]string{}
-	for ino, rel := range dirs {
-		pd, ok := d.dirs[ino]
-		if _, busy := d.calls[ino]; !ok || busy || pd.origPath != rel {
+	failed := map[fileID]string{}
+	for id, rel := range dirs {
+		pd, ok := d.dir(id)
+		if _, busy := d.calls[id.ino]; !ok || busy || pd.origPath != rel {
 			continue // populated, or being populated, since
 		}
-		p, found := at[ino]
+		p, found := at[id]
 		if !found {
 			continue // removed: nothing needs its files
 		}
 		if !sameFiles(d.files[pd.rev+"\x00"+rel], d.files[rev+"\x00"+rel]) {
 			// The save left out some of its files (its selection is
 			// not the restore's): they are made from the base first.
-			failed[ino] = p
+			failed[id] = p
 			continue
 		}
-		if err := unix.Lsetxattr(p, PendingDirXattr(), []byte(rev+"\x00"+rel), unix.XATTR_REPLACE); err != nil {
+		if err := remarkDir(p, id, []byte(rev+"\x00"+rel)); err != nil {
 			if !errors.Is(err, unix.ENODATA) {
-				failed[ino] = p
+				failed[id] = p
 			}
 			continue
 		}
-		d.dirs[ino] = pendingDir{rev: rev, origPath: rel}
+		d.dirs[id.ino] = pendingDir{rev: rev, origPath: rel, handle: id.handle}
 	}
 	// The file lists of revisions no pending directory names any more.
 	used := map[string]bool{}
@@ -187,8 +198,8 @@ func (w *Workspace) repointDirs(ctx context.Context, dirs map[uint64]string, rev
 		}
 	}
 	d.mu.Unlock()
-	for ino, p := range failed {
-		if err := w.populate(ctx, l, ino, p); err != nil {
+	for id, p := range failed {
+		if err := w.populate(ctx, l, id, p); err != nil {
 			w.log.Error("make placeholders before the base is pruned", "op", "repoint", "path", p, "err", err)
 		}
 	}
@@ -208,18 +219,39 @@ func sameFiles(a, b []format.TreeEntry) bool {
 	return true
 }
 
-// findDirs finds the directories below root whose inodes want names, by
-// walking the tree (they may have moved): inode -> path.
-func findDirs(root string, want map[uint64]bool) map[uint64]string {
-	out := map[uint64]string{}
+// remarkDir writes the marker of the pending directory id at p, through
+// a descriptor of it: only if it is still that directory, and still
+// marked (ENODATA: populated since).
+func remarkDir(p string, id fileID, marker []byte) error {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if got, err := idOfFd(fd); err != nil || got != id {
+		return fmt.Errorf("%s is no longer the directory %v", p, id)
+	}
+	return unix.Setxattr(fmt.Sprintf("/proc/self/fd/%d", fd), PendingDirXattr(), marker, unix.XATTR_REPLACE)
+}
+
+// findDirs finds the directories below root that want names, by walking
+// the tree (they may have moved): directory -> path.
+func findDirs(root string, want map[fileID]bool) map[fileID]string {
+	out := map[fileID]string{}
 	if len(want) == 0 {
 		return out
+	}
+	inos := make(map[uint64]bool, len(want))
+	for id := range want {
+		inos[id.ino] = true
 	}
 	filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
 		if err == nil && de.IsDir() {
 			var st syscall.Stat_t
-			if syscall.Lstat(p, &st) == nil && want[st.Ino] {
-				out[st.Ino] = p
+			if syscall.Lstat(p, &st) == nil && inos[st.Ino] {
+				if id, err := idOfPath(p); err == nil && want[id] {
+					out[id] = p
+				}
 			}
 		}
 		return nil
