@@ -39,11 +39,15 @@ func TestInodeReuseKeepsNewBytes(t *testing.T) {
 		{"rm then create", func(t *testing.T, dst string, i int) {
 			os.Remove(filepath.Join(dst, fmt.Sprintf("d/f%d", i)))
 			writeTree(t, dst, map[string]string{fmt.Sprintf("d/g%d", i): fmt.Sprintf("new %d", i)})
-		}, func(i int) map[string]string { return map[string]string{fmt.Sprintf("d/g%d", i): fmt.Sprintf("new %d", i)} }},
+		}, func(i int) map[string]string {
+			return map[string]string{fmt.Sprintf("d/g%d", i): fmt.Sprintf("new %d", i)}
+		}},
 		{"rm then recreate", func(t *testing.T, dst string, i int) {
 			os.Remove(filepath.Join(dst, fmt.Sprintf("d/f%d", i)))
 			writeTree(t, dst, map[string]string{fmt.Sprintf("d/f%d", i): fmt.Sprintf("new %d", i)})
-		}, func(i int) map[string]string { return map[string]string{fmt.Sprintf("d/f%d", i): fmt.Sprintf("new %d", i)} }},
+		}, func(i int) map[string]string {
+			return map[string]string{fmt.Sprintf("d/f%d", i): fmt.Sprintf("new %d", i)}
+		}},
 		{"temp then rename over", func(t *testing.T, dst string, i int) {
 			tmp := filepath.Join(dst, fmt.Sprintf("d/.f%d.tmp", i))
 			os.Remove(filepath.Join(dst, fmt.Sprintf("d/f%d", i+1))) // frees a number for the temp file
@@ -51,7 +55,9 @@ func TestInodeReuseKeepsNewBytes(t *testing.T) {
 			if err := os.Rename(tmp, filepath.Join(dst, fmt.Sprintf("d/f%d", i))); err != nil {
 				t.Fatal(err)
 			}
-		}, func(i int) map[string]string { return map[string]string{fmt.Sprintf("d/f%d", i): fmt.Sprintf("new %d", i)} }},
+		}, func(i int) map[string]string {
+			return map[string]string{fmt.Sprintf("d/f%d", i): fmt.Sprintf("new %d", i)}
+		}},
 	}
 	for _, s := range steps {
 		for _, fill := range []string{"read", "prefetch", "prune"} {
