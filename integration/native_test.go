@@ -512,7 +512,7 @@ var bothModes = []string{
 	"TestToolAndShellSeeOneTree", "TestToolConcurrency", "TestToolDeleteAllOrNothing",
 	"TestMCPServer", "TestMCPReadOnlyMount", "TestToolBadCalls", "TestToolWriteTooLarge",
 	"TestGit", "TestEditorsAndSed", "TestSQLiteConcurrentWriters",
-	"TestUntarSourceTree",
+	"TestUntarSourceTree", "TestReplacedFilesKeepNewBytes",
 	// exec
 	"TestExec", "TestExecSignal", "TestExecStop",
 }
