@@ -7,6 +7,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"strings"
@@ -37,6 +38,7 @@ const (
 	faultReset    faultKind = "reset"    // reset the connection, answering nothing
 	faultTruncate faultKind = "truncate" // forward, but cut the response body off half-way
 	faultStall    faultKind = "stall"    // read part of the request body, then hang until released
+	faultLost     faultKind = "lost"     // forward, let the server carry it out, then reset the connection: the reply is lost
 )
 
 type fault struct {
@@ -47,6 +49,7 @@ type fault struct {
 	code   string                   // faultStatus: InternalError, ServiceUnavailable, SlowDown
 	every  int                      // act on one matching request in every; 0 or 1: all
 	limit  int                      // act at most this often; 0: no bound
+	after  *fault                   // act only once this fault has acted
 
 	seen, acted int // GUARDED_BY(faultProxy.mu)
 }
@@ -98,7 +101,7 @@ func (p *faultProxy) pick(r *http.Request) (*fault, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, f := range p.faults {
-		if f.match != nil && !f.match(r) {
+		if f.match != nil && !f.match(r) || f.after != nil && f.after.acted == 0 {
 			continue
 		}
 		f.seen++
@@ -126,6 +129,9 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(f.status)
 		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>injected by the test</Message></Error>`, f.code)
 	case faultReset:
+		reset(w)
+	case faultLost:
+		p.rp.ServeHTTP(httptest.NewRecorder(), r)
 		reset(w)
 	case faultTruncate:
 		p.rp.ServeHTTP(&truncWriter{ResponseWriter: w}, r)
@@ -190,6 +196,13 @@ func isGet(r *http.Request) bool {
 
 func putTo(sub string) func(*http.Request) bool {
 	return func(r *http.Request) bool { return r.Method == http.MethodPut && strings.Contains(r.URL.Path, sub) }
+}
+
+// onIndex matches requests of method to a workspace's workspace.json.
+func onIndex(method string) func(*http.Request) bool {
+	return func(r *http.Request) bool {
+		return r.Method == method && strings.HasSuffix(r.URL.Path, "/workspace.json")
+	}
 }
 
 func isDelete(r *http.Request) bool {

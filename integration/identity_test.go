@@ -2,8 +2,10 @@ package integration
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -76,4 +78,54 @@ while [ $i -lt 60 ]; do echo "renamed $i" > .f$i.tmp; mv .f$i.tmp f$i; i=$((i+1)
 			check("restored on a fresh cache dir", mp)
 		})
 	}
+}
+
+// TestS3LostPublishReply: the conditional PUT of workspace.json lands on
+// S3, and its reply is lost (the connection reset after the request).
+// The commit reads the index back: it succeeds, or, while the index
+// cannot be read either, exits 4 saying the outcome is unknown, and keeps
+// the artifact. Either way the store loads the revision, and a commit
+// --revision retried converges on it.
+func TestS3LostPublishReply(t *testing.T) {
+	e, px := faultyS3Env(t)
+	mp := e.mount("lost")
+	must(t, os.WriteFile(filepath.Join(mp, "a"), []byte("one"), 0o644))
+	if r := e.amlfs("commit", mp); r.code != 0 {
+		t.Fatalf("commit: %s", r)
+	}
+	// The reply lost once: the SDK's retry of the PUT gets a failed
+	// precondition (its own request moved the ETag on).
+	must(t, os.WriteFile(filepath.Join(mp, "a"), []byte("two"), 0o644))
+	lost := &fault{kind: faultLost, match: onIndex(http.MethodPut), limit: 1}
+	px.set(lost)
+	if r := e.amlfs("commit", mp, "--revision", "R1"); r.code != 0 || strings.TrimSpace(r.stdout) != "R1" {
+		t.Fatalf("commit with its reply lost: %s", r)
+	}
+	if px.acted(lost) != 1 {
+		t.Fatal("the fault never acted")
+	}
+	e.verifyCurrent(t, "lost", map[string][]byte{"a": []byte("two")})
+	// Lost, and the index unreadable for longer than the commit reads it
+	// back: the outcome is unknown, and said so.
+	must(t, os.WriteFile(filepath.Join(mp, "a"), []byte("three"), 0o644))
+	lost = &fault{kind: faultLost, match: onIndex(http.MethodPut), limit: 1}
+	px.set(lost, &fault{kind: faultStatus, status: 503, code: "ServiceUnavailable", match: onIndex(http.MethodGet), after: lost})
+	r := e.amlfs("commit", mp, "--revision", "R2")
+	if r.code != 4 || !strings.Contains(r.stderr, "may or may not have been published") || strings.Contains(r.stderr, "still current") {
+		t.Fatalf("commit with the outcome unknown: %s", r)
+	}
+	px.set()
+	e.verifyCurrent(t, "lost", map[string][]byte{"a": []byte("three")})
+	// The retry converges: R2 is current and holds this tree.
+	if r := e.amlfs("commit", mp, "--revision", "R2"); r.code != 0 || strings.TrimSpace(r.stdout) != "R2" {
+		t.Fatalf("commit retried: %s", r)
+	}
+	must(t, os.WriteFile(filepath.Join(mp, "a"), []byte("four"), 0o644))
+	if r := e.amlfs("commit", mp); r.code != 0 {
+		t.Fatalf("commit after: %s", r)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	e.verifyCurrent(t, "lost", map[string][]byte{"a": []byte("four")})
 }

@@ -74,6 +74,10 @@ type Daemon struct {
 	baseRev  string     // GUARDED_BY(mu): the revision the tree was restored from or last saved as
 	baseMark int64      // GUARDED_BY(mu): fs.Changes() when baseRev was taken; -1 forces a save
 	baseSel  string     // GUARDED_BY(mu): selectionKey of the selection baseRev holds (the mount's, unless a commit said otherwise)
+	// unknownMark and unknownSel are baseMark and baseSel for the save
+	// whose publication's outcome is unknown (GUARDED_BY(saveMu)).
+	unknownMark int64
+	unknownSel  string
 	// resumed, for a tree resumed from an earlier run and not saved since,
 	// is what its state file said of the index then; kept in the state
 	// file until a save succeeds (GUARDED_BY(mu)).

@@ -187,6 +187,13 @@ func (d *Daemon) saveWith(ctx context.Context, revID string, sel format.Selectio
 	mark := d.fs.Mark()
 	d.saveMark, d.readMark = mark, mark
 	defer func() { d.saveMark = -1 }()
+	// A save whose publication's reply was lost: if the index read back
+	// names it, it is the base, as that save read the tree.
+	if rev, ok := d.ws.Settle(ctx); ok {
+		d.mu.Lock()
+		d.baseRev, d.baseMark, d.baseSel = rev, d.unknownMark, d.unknownSel
+		d.mu.Unlock()
+	}
 	d.mu.Lock()
 	baseRev, baseMark := d.baseRev, d.baseMark
 	if selectionKey(sel) != d.baseSel {
@@ -247,6 +254,9 @@ func (d *Daemon) saveWith(ctx context.Context, revID string, sel format.Selectio
 	d.publishing = ""
 	d.mu.Unlock()
 	if err != nil {
+		if d.ws.Unsettled() {
+			d.unknownMark, d.unknownSel = mark, selectionKey(sel)
+		}
 		d.metrics.Save("failed", 0, 0, 0)
 		return SaveInfo{}, err
 	}

@@ -111,6 +111,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	if err := w.staleBase(); err != nil {
 		return fail(err)
 	}
+	// An earlier publication whose outcome is not known is settled
+	// first: it may be the index's current revision now.
+	w.settleUnknown(ctx)
 	// A writer that published since this tree was loaded makes this save
 	// stale: say so now, before uploading anything (and before reusing
 	// objects of a base revision it may have pruned). Publication below
@@ -177,6 +180,54 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	var ver string
 	if err == nil {
 		ver, err = w.store.PublishIndex(ctx, data, w.version)
+		if err != nil {
+			// A timeout, a reset, a 5xx, even a failed precondition
+			// (a retry of a request that landed) may follow a
+			// publication that happened: the index read back says.
+			ver, err = w.settle(ctx, entry, data, err)
+		}
+	}
+	var moves map[uint64]repointTo
+	var listed map[fileID]string
+	// published does what follows a publication: the new index, the new
+	// base, the repointing and pruning.
+	published := func(next *format.Index, ver string) {
+		w.imu.Lock()
+		w.index, w.version = next, ver
+		w.imu.Unlock()
+		w.created = false
+		w.expect = nil // the tree is now the new revision's
+		w.setFork(nil)
+		if src == w {
+			w.setBaseAfterFills(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
+			moves, listed = up.moves, up.listed
+		}
+		if len(pruned) > 0 || len(moves) > 0 || len(listed) > 0 {
+			// After the save returns, in this order: placeholders not
+			// fetched yet take their bytes from the new revision, where the
+			// save copied them (a marker rewritten per placeholder: seconds
+			// for a lazily restored tree of 100k files); then the pruned
+			// revisions go, their bytes a placeholder still needs fetched
+			// first. The next save waits for both.
+			w.prunes.Add(1)
+			go func() {
+				defer w.prunes.Done()
+				w.repoint(moves)
+				w.repointDirs(context.WithoutCancel(ctx), listed, entry.Path, up.index)
+				if len(pruned) > 0 {
+					w.prune(context.WithoutCancel(ctx), pruned)
+				}
+			}()
+		}
+	}
+	if errors.Is(err, errOutcomeUnknown) {
+		// Nothing the index may name is removed: the artifact stays,
+		// and the next save (or mount) settles the outcome first.
+		w.unknown = &unknownPub{entry: entry, prev: w.version, published: published}
+		return fail(err)
+	}
+	if errors.Is(err, errSuperseded) {
+		return fail(err) // the index names it: nothing is removed
 	}
 	if err != nil {
 		// 6. Remove the orphan upload; the previous revision stays current.
@@ -191,19 +242,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		}
 		return fail(err)
 	}
-	w.imu.Lock()
-	w.index, w.version = next, ver
-	w.imu.Unlock()
-	w.created = false
-	w.expect = nil // the tree is now the new revision's
-	w.setFork(nil)
-	var moves map[uint64]repointTo
-	var listed map[fileID]string
-	if src == w {
-		w.setBaseAfterFills(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
-		moves, listed = up.moves, up.listed
-	}
 	// 5. Prune, after publication, without holding the save up.
+	w.dropUnknown(ctx, w.version)
+	published(next, ver)
 	total, files := treeSize(up.entries)
 	res := SaveResult{Entry: entry, Files: files, Bytes: total, Uploaded: up.uploaded, UploadedBytes: up.uploadedBytes, Reused: up.reused,
 		BaseGone: up.baseGone, Symlinks: countType(up.entries, format.TypeSymlink), Skipped: skipped, Attempts: attempt, Unsettled: unsettled,
@@ -216,23 +257,6 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	}
 	for _, p := range pruned {
 		res.Pruned = append(res.Pruned, p.ID)
-	}
-	if len(pruned) > 0 || len(moves) > 0 || len(listed) > 0 {
-		// After the save returns, in this order: placeholders not
-		// fetched yet take their bytes from the new revision, where the
-		// save copied them (a marker rewritten per placeholder: seconds
-		// for a lazily restored tree of 100k files); then the pruned
-		// revisions go, their bytes a placeholder still needs fetched
-		// first. The next save waits for both.
-		w.prunes.Add(1)
-		go func() {
-			defer w.prunes.Done()
-			w.repoint(moves)
-			w.repointDirs(context.WithoutCancel(ctx), listed, entry.Path, up.index)
-			if len(pruned) > 0 {
-				w.prune(context.WithoutCancel(ctx), pruned)
-			}
-		}()
 	}
 	if w.orphansMaybe {
 		w.cleanOrphans(ctx)

@@ -121,6 +121,9 @@ type Workspace struct {
 	// orphansMaybe: a crashed run or a failed save may have left an
 	// artifact the index does not name (cleanOrphans). GUARDED_BY(mu).
 	orphansMaybe bool
+	// unknown is a publication whose outcome is not known yet
+	// (GUARDED_BY(mu)): its artifact is kept until it is settled.
+	unknown *unknownPub
 	// created says the workspace is being made by this process without
 	// its index read (a fork's first save): there must be none, and its
 	// publication is conditional on that.

@@ -55,7 +55,9 @@ func NewBase() *Base {
 // Fail makes every later operation for which fn returns an error fail
 // with it: op is "read", "publish", "put", "commit", "remove", "list",
 // "lock" or "refresh", or for Compose "copy-part" and "put-part", and key the object's key within its workspace. A
-// nil fn heals the store.
+// nil fn heals the store. "publish-reply" is asked after a publication
+// landed: its error is the caller's, as when the reply to a request that
+// was carried out is lost (a timeout, a reset connection).
 func (b *Base) Fail(fn func(op, key string) error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -177,6 +179,9 @@ func (s *Store) PublishIndex(ctx context.Context, data []byte, prev string) (str
 	v := strconv.Itoa(b.gen)
 	b.objects[s.Seg+"/"+format.IndexKey] = bytes.Clone(data)
 	b.indexes[s.Seg] = v
+	if err := b.failed("publish-reply", format.IndexKey); err != nil {
+		return "", err
+	}
 	return v, nil
 }
 
