@@ -1,12 +1,16 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/amlfs/amlfs/revision/store/s3store"
 )
 
 // TestReplacedFilesKeepNewBytes: after a lazy restore on a fresh cache
@@ -128,4 +132,52 @@ func TestS3LostPublishReply(t *testing.T) {
 		t.Fatalf("unmount: %s", r)
 	}
 	e.verifyCurrent(t, "lost", map[string][]byte{"a": []byte("four")})
+}
+
+// TestS3LeaseLostReply: a lease's refresh whose reply is lost (it landed,
+// and moved lock.json's ETag on) does not lose the lease, and its release
+// still deletes lock.json: both read the lock back when their condition
+// fails.
+func TestS3LeaseLostReply(t *testing.T) {
+	srv := startS3(t, false)
+	px := startFaultProxy(t, srv.endpoint)
+	e := newS3Env(t, srv)
+	e.s3 = &s3Server{endpoint: px.endpoint}
+	st, err := s3store.New(e.client(), s3Bucket, e.prefix, "lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.LockRefresh = 200 * time.Millisecond
+	lostLease := make(chan error, 1)
+	lease, err := st.Lock(context.Background(), func(err error) { lostLease <- err }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onLock := func(r *http.Request) bool { return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/lock.json") }
+	lost := &fault{kind: faultLost, match: onLock, limit: 1}
+	px.set(lost)
+	time.Sleep(2 * time.Second) // several refreshes
+	if px.acted(lost) != 1 {
+		t.Fatal("the fault never acted")
+	}
+	select {
+	case err := <-lostLease:
+		t.Fatalf("the lease was lost: %v", err)
+	default:
+	}
+	if err := lease.Lost(); err != nil {
+		t.Fatalf("lease: %v", err)
+	}
+	// The next refresh's reply lost too, just before the release.
+	lost = &fault{kind: faultLost, match: onLock, limit: 1}
+	px.set(lost)
+	for px.acted(lost) == 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.storeD, "lease", "lock.json")); !os.IsNotExist(err) {
+		t.Fatalf("lock.json after the release: %v", err)
+	}
 }

@@ -121,8 +121,11 @@ type s3Lease struct {
 }
 
 // refresh is one heartbeat: rewrite lock.json with If-Match on its ETag.
-// Only a 412 loses the lease; a transient failure keeps the ETag for the
-// next tick, since the lease goes stale only after LockStale.
+// Only a 412 after which lock.json holds another token loses the lease: a
+// refresh whose reply was lost landed, and moved the ETag on (its retry,
+// or the next tick, then fails its precondition), so lock.json is read
+// back first. A transient failure keeps the ETag for the next tick, since
+// the lease goes stale only after LockStale.
 func (l *s3Lease) refresh() error {
 	l.mu.Lock()
 	etag := l.etag
@@ -132,7 +135,15 @@ func (l *s3Lease) refresh() error {
 	next, err := l.s.putLock(ctx, lockRecord{Token: l.token, UpdatedAt: l.s.Now().UnixMilli()}, etag)
 	switch {
 	case errors.Is(err, store.ErrPrecondition):
-		return amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock was taken over by another writer")
+		cur, etag, rerr := l.s.readLock(ctx)
+		switch {
+		case rerr == nil && cur.Token == l.token:
+			next = etag // an earlier refresh of ours landed
+		case rerr == nil || errors.Is(rerr, store.ErrNotExist):
+			return amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock was taken over by another writer")
+		default:
+			return nil // not known: the next tick looks again
+		}
 	case err != nil:
 		return nil
 	}
@@ -171,6 +182,20 @@ func (l *s3Lease) Release(ctx context.Context) error {
 	etag := l.etag
 	l.mu.Unlock()
 	_, err := l.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.s.Bucket, Key: aws.String(l.s.key(lockKey)), IfMatch: aws.String(etag)})
+	if err != nil && errors.Is(l.s.wrap("", "", err), store.ErrPrecondition) {
+		// A refresh whose reply was lost moved the ETag on: the lock
+		// read back says whether it is still ours to delete.
+		cur, cetag, rerr := l.s.readLock(ctx)
+		switch {
+		case errors.Is(rerr, store.ErrNotExist):
+			return nil
+		case rerr != nil:
+			return l.s.wrap("delete", l.s.key(lockKey), err)
+		case cur.Token != l.token:
+			return amlerr.New(amlerr.LockLost, l.s.key(lockKey), "the lock no longer holds this writer's token")
+		}
+		_, err = l.s.Client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &l.s.Bucket, Key: aws.String(l.s.key(lockKey)), IfMatch: aws.String(cetag)})
+	}
 	if err != nil && !errors.Is(l.s.wrap("", "", err), store.ErrNotExist) {
 		return l.s.wrap("delete", l.s.key(lockKey), err)
 	}
