@@ -153,7 +153,9 @@ func TestS3LeaseLostReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	onLock := func(r *http.Request) bool { return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/lock.json") }
+	onLock := func(r *http.Request) bool {
+		return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/lock.json")
+	}
 	lost := &fault{kind: faultLost, match: onLock, limit: 1}
 	px.set(lost)
 	time.Sleep(2 * time.Second) // several refreshes
