@@ -19,14 +19,15 @@ type dirChanges struct {
 }
 
 // mark begins an interval: the directories with writers open count as
-// changed in it from the start.
-func (c *dirChanges) mark() {
+// changed in it from the start. It reports whether any writer is open.
+func (c *dirChanges) mark() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.known, c.changed = true, map[uint64]bool{}
 	if c.writing[0] > 0 {
 		c.known = false // a writer whose directory is not known
 	}
+	return len(c.writing) > 0
 }
 
 // touch records changes in the directories dirs (0: not known).

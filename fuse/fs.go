@@ -146,7 +146,7 @@ func Mount(at *mountpoint.Dir, opts Options) (*FS, error) {
 	// reply's time at 0, which makes the kernel ask again right after
 	// every chmod.
 	lroot, err := loopback.New(opts.Dir, loopback.Options{ReadOnly: opts.ReadOnlyRoot, EntryTimeout: opts.Timeout, AttrTimeout: opts.Timeout, Shown: opts.Shown, CacheListings: true,
-		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }, Writers: f.dirs.writers})
+		Wrap: func(ln *loopback.Node) gofs.InodeEmbedder { return &node{Node: ln, fs: f} }, Writers: f.writers})
 	if err != nil {
 		return nil, err
 	}
@@ -401,6 +401,46 @@ func (f *FS) hold(dirs ...uint64) (release func()) {
 	return f.barrier.RUnlock
 }
 
+// writers counts a handle that may write, opened in directory dir, as it
+// opens (delta 1) and closes (-1). Its close is a change: what it wrote
+// through a shared mapping made none.
+func (f *FS) writers(dir uint64, delta int) {
+	f.dirs.writers(dir, delta)
+	if delta < 0 {
+		f.changes.Add(1)
+	}
+}
+
+// Writers returns the backing inodes of the files open for writing
+// through the mount, once the kernel wrote back the pages they dirtied:
+// until then a shared mapping's writes are in the mount's page cache
+// only, not in the working tree a save reads.
+func (f *FS) Writers() map[uint64]bool {
+	ws := f.root.Tree().Writers()
+	if len(ws) == 0 {
+		return ws
+	}
+	if f.mnt == nil {
+		return ws
+	}
+	top, err := f.mnt.Root()
+	if err != nil {
+		return ws
+	}
+	defer top.Close()
+	// syncfs takes no O_PATH descriptor: the root is opened again.
+	d, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", top.Fd()), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		f.log.Warn("open the mount to write back its dirty pages", "op", "syncfs", "err", err)
+		return ws
+	}
+	defer unix.Close(d)
+	if err := unix.Syncfs(d); err != nil {
+		f.log.Warn("write back the mount's dirty pages", "op", "syncfs", "err", err)
+	}
+	return ws
+}
+
 // Writing reports whether the working-tree file fd refers to is open for
 // writing through the mount: its latest bytes may be in the kernel's page
 // cache of the mount's inode still (a shared mapping's), not in the file.
@@ -420,7 +460,11 @@ func (f *FS) Changed(rel string) {
 // Mark is the count a save starts from: Changes, since FUSE sees every
 // change as it is made.
 func (f *FS) Mark() int64 {
-	f.dirs.mark()
+	if f.dirs.mark() {
+		// A file open for writing may have changed with no request
+		// (a shared mapping's pages written back later).
+		f.changes.Add(1)
+	}
 	return f.Changes()
 }
 

@@ -512,7 +512,7 @@ var bothModes = []string{
 	"TestToolAndShellSeeOneTree", "TestToolConcurrency", "TestToolDeleteAllOrNothing",
 	"TestMCPServer", "TestMCPReadOnlyMount", "TestToolBadCalls", "TestToolWriteTooLarge",
 	"TestGit", "TestEditorsAndSed", "TestSQLiteConcurrentWriters",
-	"TestUntarSourceTree", "TestReplacedFilesKeepNewBytes",
+	"TestUntarSourceTree", "TestReplacedFilesKeepNewBytes", "TestSharedMappingWritesSaved",
 	// exec
 	"TestExec", "TestExecSignal", "TestExecStop",
 }

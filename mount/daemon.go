@@ -116,6 +116,10 @@ type server interface {
 	// Clean says which directories (by inode) are unchanged since the
 	// last Mark, once the writers are held; nil when not known.
 	Clean() func(ino uint64) bool
+	// Writers returns the working tree's files (by inode) open for
+	// writing or mapped shared and writable now, once what they wrote is
+	// in the working tree (revision Options.Writers).
+	Writers() map[uint64]bool
 	Passthrough() bool
 	// Mount is the mount, known by its id and held by descriptor.
 	Mount() *mountpoint.Mount
@@ -380,7 +384,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	ws, err := revision.Open(ctx, st, revision.Options{ID: cfg.ID, View: view, Format: cfg.Format, Retention: cfg.Retention, NoLock: cfg.NoLock,
 		DeadHolder:  deadHolder(slots, slot, d.notify),
 		LazyRestore: cfg.Restore == "lazy", StrictEntries: cfg.StrictEntries, Limits: cfg.Limits, Progress: d.progress, Log: wlog,
-		Watch: d.saveWatch(), Freeze: d.saveFreeze(), StageDir: filepath.Dir(slot.Name()), FetchTimeout: cfg.FetchTimeout})
+		Watch: d.saveWatch(), Freeze: d.saveFreeze(), Writers: d.writers, StageDir: filepath.Dir(slot.Name()), FetchTimeout: cfg.FetchTimeout})
 	if err != nil {
 		return err
 	}

@@ -335,6 +335,15 @@ func (s *SaveInfo) Note() string {
 		s.Revision, s.SpecialFilesSkipped, plural, strings.Join(s.SpecialFiles, ", "), more)
 }
 
+// writers is the workspace's Options.Writers: the serving side's, once
+// it serves.
+func (d *Daemon) writers() map[uint64]bool {
+	if d.fs == nil {
+		return nil
+	}
+	return d.fs.Writers()
+}
+
 // saveFreeze is the workspace's Options.Freeze: a save holds the writers
 // only while it reads what changed since it began, then uploads from its
 // copies. With their cgroup known (--freeze-cgroup, amlfs exec) it freezes

@@ -275,8 +275,11 @@ func (s *Server) Start(premarked bool) error {
 }
 
 // dirMask is what a directory's mark counts as a change.
+// A file closed after writing counts: it may have been written through a
+// shared mapping, which raises no FAN_MODIFY (its close comes after the
+// last unmap).
 const dirMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
-	unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF | unix.FAN_ONDIR | unix.FAN_EVENT_ON_CHILD
+	unix.FAN_CLOSE_WRITE | unix.FAN_DELETE_SELF | unix.FAN_MOVE_SELF | unix.FAN_ONDIR | unix.FAN_EVENT_ON_CHILD
 
 // markTree marks every directory for changes and, with placeholders,
 // every placeholder for pre-content events, opening each below the root
@@ -620,6 +623,11 @@ func (s *Server) Mark() int64 {
 		s.log.Warn("mark the tree's directories; the tree counts as changed", "op", "fanotify", "path", s.opts.Dir, "err", err)
 		s.changes.Add(1)
 		s.dirs.setLost()
+	}
+	if len(s.Writers()) > 0 {
+		// A file open for writing may change with no event (through a
+		// shared mapping): the tree counts as changed while one is.
+		s.changes.Add(1)
 	}
 	return s.changes.Load()
 }

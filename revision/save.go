@@ -125,6 +125,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 			return fail(err)
 		}
 	}
+	// The files open for writing as the save begins: their bytes may
+	// change with no change of stamp.
+	writers := w.writers(nil)
 	// 1 to 3, once per attempt (Options.Watch).
 	var (
 		entry     format.Entry
@@ -171,6 +174,8 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 			return fail(fmt.Errorf("remove the unsettled attempt's artifact: %w", err))
 		}
 	}
+	// And as it ends: one opened while it read.
+	writers = w.writers(writers)
 	// 4. Publish.
 	next, pruned := w.index.WithNew(entry, retention)
 	data, err := next.Marshal()
@@ -199,7 +204,9 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 		w.expect = nil // the tree is now the new revision's
 		w.setFork(nil)
 		if src == w {
-			w.setBaseAfterFills(&baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index})
+			b := &baseTree{dir: dir, rev: entry.ID, revPath: entry.Path, files: up.stamps, index: up.index}
+			w.setBaseAfterFills(b)
+			b.distrust(writers) // after the fills, which may restamp a file
 			moves, listed = up.moves, up.listed
 		}
 		if len(pruned) > 0 || len(moves) > 0 || len(listed) > 0 {

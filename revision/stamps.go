@@ -122,6 +122,44 @@ func (b *baseTree) reusableAs(dir, p string, cur store.Stamp) (string, bool) {
 	return f.key, true
 }
 
+// writers adds the files open for writing now (Options.Writers) to set,
+// which it returns.
+func (w *Workspace) writers(set map[uint64]bool) map[uint64]bool {
+	if w.opts.Writers == nil {
+		return set
+	}
+	now := w.opts.Writers()
+	if set == nil {
+		return now
+	}
+	for ino := range now {
+		set[ino] = true
+	}
+	return set
+}
+
+// distrusted is the stamp of a file that a writer held open as a save
+// read it: no file has it, so the next save reads the file again.
+var distrusted = store.Stamp{Size: ^uint64(0)}
+
+// distrust makes the files with the inode numbers in inos count as
+// changed at the next save, whatever their stamps say then. A number
+// stands for the file a writer holds open, here or a file that took its
+// number since: the one wrongly taken is only read again.
+func (b *baseTree) distrust(inos map[uint64]bool) {
+	if len(inos) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for p, f := range b.files {
+		if inos[f.stamp.Ino] {
+			f.stamp, f.prior = distrusted, store.Stamp{}
+			b.files[p] = f
+		}
+	}
+}
+
 // recordTree stamps every file of entries under dir, keyed into revision
 // e: a folder, or an archive whose index is x.
 func recordTree(dir string, e format.Entry, entries []format.TreeEntry, x *format.ArchiveIndex) *baseTree {

@@ -61,6 +61,15 @@ type Options struct {
 	// not asked. An error (the writers could not be held) reads the tree
 	// as without.
 	Freeze func(ctx context.Context) (clean func(ino uint64) bool, thaw func(), err error)
+	// Writers, if set, returns the inodes of the working tree's files
+	// open for writing or mapped shared and writable now, once the bytes
+	// written to them are in the working tree (through FUSE, the mount's
+	// dirty pages are written back first). Such a file can change with no
+	// change of its stamp (a write through a mapping to a page already
+	// dirty), so a save counts each, as it began or as it ended, as
+	// changed at the next save too, whatever its stamp says then: it is a
+	// candidate until a save reads it with no writer left.
+	Writers func() map[uint64]bool
 	// StageDir is where a held save copies files (Freeze): on the
 	// working tree's disk, so that a copy can be a reflink. "" is the
 	// system's temporary directory.

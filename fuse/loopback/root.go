@@ -608,6 +608,21 @@ func statAt(dirfd int, name string, st *unix.Statx_t) error {
 // kernel resolves it to that very inode, never by a name in the tree.
 func procPath(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
 
+// Writers returns the backing inode numbers (of the tree's device) of
+// the files open for writing through the mount now, shared mappings
+// included (their handle is released only after the last unmap).
+func (r *Root) Writers() map[uint64]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[uint64]bool{}
+	for k, b := range r.inodes {
+		if b.writers.Load() > 0 {
+			out[k.ino] = true
+		}
+	}
+	return out
+}
+
 // Writing reports whether the backing inode fd refers to (any descriptor
 // of a file in the tree) is open for writing through the mount: its
 // latest bytes may still be in the kernel's page cache of the mount's
