@@ -3,8 +3,10 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -245,4 +247,51 @@ func TestSharedMappingWritesSaved(t *testing.T) {
 		t.Fatalf("unmount: %s", r)
 	}
 	e.verifyCurrent(t, "mapped", map[string][]byte{"g": []byte("123bbbbbbb"), "f": []byte("XYZaaaaaaa")})
+}
+
+// TestNotKeptWhileMapped: natively, a clean stop does not keep its tree
+// while a process in another mount namespace (whose copy of the mount
+// outlives the unmount) still maps a file of it shared and writable: it
+// could change the file's bytes with no new stamp, and the next mount
+// would adopt a tree that is not its revision.
+func TestNotKeptWhileMapped(t *testing.T) {
+	e := newEnv(t)
+	needNative(t, e)
+	needTools(t, "util-linux", "unshare")
+	needTools(t, "python3", "python3")
+	mp := e.mount("mappedkeep", "--serve", "native")
+	must(t, os.WriteFile(filepath.Join(mp, "db"), []byte(strings.Repeat("d", 4096)), 0o644))
+	if r := e.amlfs("commit", mp); r.code != 0 {
+		t.Fatalf("commit: %s", r)
+	}
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "python3", "-c", `
+import mmap, sys
+f = open(sys.argv[1], "r+b"); m = mmap.mmap(f.fileno(), 0)
+print("mapped", flush=True); sys.stdin.read()
+m[0:1] = b"X"; m.flush()`, filepath.Join(mp, "db"))
+	in, err := cmd.StdinPipe()
+	must(t, err)
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
+	buf := make([]byte, 7)
+	if _, err := io.ReadFull(out, buf); err != nil || string(buf) != "mapped\n" {
+		t.Fatalf("the writer did not map the file: %q %v", buf, err)
+	}
+	if r := e.unmount(mp); r.code != 0 {
+		t.Fatalf("unmount: %s", r)
+	}
+	works, _ := filepath.Glob(filepath.Join(e.cache, "workspaces", "*", "*", "kept.json"))
+	if len(works) != 0 {
+		t.Fatalf("a tree a writer still maps was kept: %v", works)
+	}
+	// The writer writes after the stop; the next mount restores the
+	// revision, not the bytes written behind it.
+	in.Close()
+	cmd.Wait()
+	mp = e.mount("mappedkeep", "--serve", "native")
+	if got, _ := os.ReadFile(filepath.Join(mp, "db")); len(got) == 0 || got[0] != 'd' {
+		t.Fatalf("the next mount serves %.8q, want the revision's bytes", got)
+	}
 }

@@ -34,6 +34,13 @@ func (d *Daemon) keepTree(unmounted bool) bool {
 	if idx := d.ws.Index(); rev == "" || idx == nil || idx.Current != rev {
 		return false
 	}
+	if d.ws.Tracks(d.writers()) {
+		// A process in another mount namespace still holds a file of
+		// the tree open for writing: it could change it with no new
+		// stamp after the stop.
+		d.log.Info("the working tree is not kept: a file of it is still open for writing", "revision", rev)
+		return false
+	}
 	if err := d.ws.WriteKept(d.kept, d.workDir, rev); err != nil {
 		d.log.Info("the working tree is not kept", "revision", rev, "why", err)
 		return false

@@ -101,7 +101,8 @@ type Server struct {
 	dirs    dirChanges
 	emu     sync.Mutex
 	counted bool
-	root    int // the working directory: changed directories are opened by handle on its disk
+	root    int    // the working directory: changed directories are opened by handle on its disk
+	dev     uint64 // the working directory's device (Writers, after Close too)
 	// detached is set once Unmount had to detach a busy mount: processes
 	// may still hold placeholders open.
 	detached atomic.Bool
@@ -191,6 +192,12 @@ func New(opts Options) (*Server, error) {
 		s.closeFDs()
 		return nil, &os.PathError{Op: "open", Path: opts.Dir, Err: err}
 	}
+	var rst unix.Stat_t
+	if err := unix.Fstat(s.root, &rst); err != nil {
+		s.closeFDs()
+		return nil, &os.PathError{Op: "stat", Path: opts.Dir, Err: err}
+	}
+	s.dev = rst.Dev
 	if err := unix.Pipe2(s.stop[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		s.closeFDs()
 		return nil, err
@@ -623,11 +630,6 @@ func (s *Server) Mark() int64 {
 		s.log.Warn("mark the tree's directories; the tree counts as changed", "op", "fanotify", "path", s.opts.Dir, "err", err)
 		s.changes.Add(1)
 		s.dirs.setLost()
-	}
-	if len(s.Writers()) > 0 {
-		// A file open for writing may change with no event (through a
-		// shared mapping): the tree counts as changed while one is.
-		s.changes.Add(1)
 	}
 	return s.changes.Load()
 }

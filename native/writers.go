@@ -19,15 +19,13 @@ import (
 // (/proc/PID/fdinfo) and each mapping (/proc/PID/maps). The page cache is
 // the working tree's own, so a save reads what a mapping wrote.
 
-// Writers returns the inode numbers of the working tree's files that a
-// process other than the daemon holds open for writing or mapped shared
-// and writable now.
+// Writers returns the inode numbers of the files of the working tree's
+// disk (the caller knows which are the tree's) that a process other than
+// the daemon holds open for writing or mapped shared and writable now.
+// It works after Close too: processes of other mount namespaces keep
+// their copies of the mount.
 func (s *Server) Writers() map[uint64]bool {
 	out := map[uint64]bool{}
-	var st unix.Stat_t
-	if err := unix.Fstat(s.root, &st); err != nil {
-		return out
-	}
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		s.log.Warn("list processes for the tree's writers", "op", "writers", "err", err)
@@ -39,8 +37,8 @@ func (s *Server) Writers() map[uint64]bool {
 		if err != nil || pid == self {
 			continue
 		}
-		writingFds(pid, st.Dev, out)
-		sharedMaps(pid, st.Dev, out)
+		writingFds(pid, s.dev, out)
+		sharedMaps(pid, s.dev, out)
 	}
 	return out
 }

@@ -138,9 +138,10 @@ func (w *Workspace) writers(set map[uint64]bool) map[uint64]bool {
 	return set
 }
 
-// distrusted is the stamp of a file that a writer held open as a save
-// read it: no file has it, so the next save reads the file again.
-var distrusted = store.Stamp{Size: ^uint64(0)}
+// distrusted is the stamp of the file ino that a writer held open as a
+// save read it: no file has it (no size is that large), so the next save
+// reads the file again.
+func distrusted(ino uint64) store.Stamp { return store.Stamp{Ino: ino, Size: ^uint64(0)} }
 
 // distrust makes the files with the inode numbers in inos count as
 // changed at the next save, whatever their stamps say then. A number
@@ -154,10 +155,29 @@ func (b *baseTree) distrust(inos map[uint64]bool) {
 	defer b.mu.Unlock()
 	for p, f := range b.files {
 		if inos[f.stamp.Ino] {
-			f.stamp, f.prior = distrusted, store.Stamp{}
+			f.stamp, f.prior = distrusted(f.stamp.Ino), store.Stamp{}
 			b.files[p] = f
 		}
 	}
+}
+
+// Tracks reports whether the tree last restored or saved has a file with
+// one of the inode numbers inos (Options.Writers' files open for writing
+// now, which may be anywhere on the disk): such a file may have changed
+// with no change of its stamp, and the tree counts as changed.
+func (w *Workspace) Tracks(inos map[uint64]bool) bool {
+	b := w.baseTree()
+	if b == nil || len(inos) == 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range b.files {
+		if inos[f.stamp.Ino] {
+			return true
+		}
+	}
+	return false
 }
 
 // recordTree stamps every file of entries under dir, keyed into revision
