@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,7 +125,7 @@ func TestSaveChangingTree(t *testing.T) {
 						// written, so that no instant between the two
 						// calls holds a new prefix on an old tail (such an
 						// instant is the file's own, and may be saved).
-						v := strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
+						v := rewriteV(i)
 						for _, f := range []*os.File{rw, wal} {
 							if st, err := f.Stat(); err == nil && st.Size() > int64(len(v)) {
 								f.Truncate(int64(len(v)))
@@ -135,7 +136,7 @@ func TestSaveChangingTree(t *testing.T) {
 						// length, so that every instant outside a write call
 						// holds one whole version.
 						if f, err := os.OpenFile(filepath.Join(src, "reopened"), os.O_WRONLY|os.O_CREATE, 0o644); err == nil {
-							f.WriteAt([]byte(strings.Repeat(fmt.Sprintf("%07d ", i), 200000)), 0)
+							f.WriteAt([]byte(reopenedV(i)), 0)
 							f.Close()
 						}
 						fmt.Fprintf(lg, "line %d\n", i)
@@ -180,10 +181,23 @@ func TestSaveChangingTree(t *testing.T) {
 						got, _ := os.ReadFile(filepath.Join(dst, name))
 						prev[name] = string(got)
 					}
-					for _, name := range []string{"rewrite", "reopened", "db-wal"} {
-						got, _ := os.ReadFile(filepath.Join(dst, name))
-						if f := strings.Fields(string(got)); len(f) > 0 && strings.Count(string(got), f[0]+" ") != len(f) {
-							t.Errorf("save %d: %s is torn: %d bytes, %d words, first %q", i, name, len(got), len(f), f[0])
+					// Each file is its bytes at one instant of the save
+					// (the writer is not held): a whole version, or, if
+					// that instant fell inside one write call, that
+					// call's first bytes over the version before, as a
+					// kill -9 of the writer then would leave them. Never
+					// bytes of versions further apart, and never a file
+					// no instant held.
+					for name, version := range map[string]func(int) string{"rewrite": rewriteV, "db-wal": rewriteV, "reopened": reopenedV} {
+						got, err := os.ReadFile(filepath.Join(dst, name))
+						if err != nil {
+							continue // left out (a journal), or not made yet
+						}
+						if len(got) == 0 && name == "reopened" {
+							continue // made, not written yet: an instant it had
+						}
+						if !atAnInstant(string(got), version) {
+							t.Errorf("save %d: %s is no state the file held: %d bytes, starting %.12q", i, name, len(got), got)
 						}
 					}
 					lg, _ := os.ReadFile(filepath.Join(dst, "log"))
@@ -196,6 +210,59 @@ func TestSaveChangingTree(t *testing.T) {
 			})
 		}
 	})
+}
+
+// rewriteV and reopenedV are TestSaveChangingTree's i-th versions of its
+// files rewritten in place (version 0: as the tree was made).
+func rewriteV(i int) string {
+	if i == 0 {
+		return strings.Repeat("v0 ", 50000)
+	}
+	return strings.Repeat(fmt.Sprintf("v%d ", i), 400000+i%200000)
+}
+
+func reopenedV(i int) string { return strings.Repeat(fmt.Sprintf("%07d ", i), 200000) }
+
+// atAnInstant reports whether got is a state a file rewritten in place
+// with the versions version(0), version(1), ..., one write call each (a
+// shrinking one truncated first), held at some instant: a whole version,
+// or the first bytes of version n over version n-1 (cut to the length the
+// file had then).
+func atAnInstant(got string, version func(int) string) bool {
+	if got == "" {
+		return false // every version has bytes
+	}
+	n := versionOf(got)
+	for _, n := range []int{n, n + 1} {
+		if n < 1 {
+			if got == version(0) {
+				return true
+			}
+			continue
+		}
+		cur, prev := version(n), version(n-1)
+		k := 0
+		for k < len(got) && k < len(cur) && got[k] == cur[k] {
+			k++
+		}
+		switch {
+		case k == len(got):
+			return true // a prefix of version n: written as far as it grew
+		case len(got) <= len(prev) && got[k:] == prev[k:len(got)]:
+			return true // version n's first bytes over version n-1
+		}
+	}
+	return false
+}
+
+// versionOf reads the version number the first word of got names.
+func versionOf(got string) int {
+	w, _, _ := strings.Cut(got, " ")
+	n, err := strconv.Atoi(strings.TrimPrefix(w, "v"))
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 // An archive written by another tar (GNU tar here; AML uses node-tar, also
@@ -287,5 +354,30 @@ func TestArchiveIsComposable(t *testing.T) {
 	}
 	if files != 3 {
 		t.Errorf("the index names %d files", files)
+	}
+}
+
+// TestAtAnInstant: the check TestSaveChangingTree makes of each saved
+// file can fail.
+func TestAtAnInstant(t *testing.T) {
+	v := func(i int) string { return strings.Repeat(fmt.Sprintf("v%d ", i), 4+i) }
+	for _, c := range []struct {
+		got  string
+		want bool
+	}{
+		{v(0), true},
+		{v(3), true},
+		{v(3)[:7], true},             // version 3 as far as it grew
+		{v(3)[:8] + v(2)[8:], true},  // inside version 3's write
+		{v(2)[:10], true},            // version 2 cut for version 3, before its write
+		{v(3)[:8] + v(1)[8:], false}, // two versions apart
+		{v(2)[:8] + v(3)[8:], false}, // the older one first
+		{v(3)[:8] + "xx" + v(2)[10:], false},
+		{v(3) + "v3 ", false}, // longer than any state
+		{"", false},
+	} {
+		if got := atAnInstant(c.got, v); got != c.want {
+			t.Errorf("%q: %v, want %v", c.got, got, c.want)
+		}
 	}
 }
