@@ -271,6 +271,11 @@ func (k *keptWalk) entry(p, rel string, te format.TreeEntry, buf []byte) error {
 			return notKept("symlink %s changed", rel)
 		}
 	case format.TypeFile:
+		if st.Nlink != 1 {
+			// A revision has one file per name: a restore would make
+			// each its own copy, where this tree shares their bytes.
+			return notKept("file %s has %d links", rel, st.Nlink)
+		}
 		cur := stampOfStat(&st)
 		if s, ok := k.stamps[rel]; !ok || s != cur || int64(cur.Size) != te.Size {
 			return notKept("file %s changed since it was saved", rel)

@@ -20,6 +20,7 @@ func TestAdoptKept(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name   string
+		before func(t *testing.T, dst string) // before the save that keeps the tree
 		tamper func(t *testing.T, dst string)
 		sel    format.Selection
 		aside  int  // entries handed aside, when adopted
@@ -52,6 +53,11 @@ func TestAdoptKept(t *testing.T) {
 			must(t, os.Remove(filepath.Join(dst, "link")))
 			must(t, os.Symlink("b/three.bin", filepath.Join(dst, "link")))
 		}},
+		{name: "a file with two names as saved", before: func(t *testing.T, dst string) {
+			// A restore makes each name its own copy; the kept tree
+			// shares the bytes.
+			must(t, os.Link(filepath.Join(dst, "a/one.txt"), filepath.Join(dst, "a/same.txt")))
+		}},
 		{name: "the directory a file was", tamper: func(t *testing.T, dst string) {
 			must(t, os.Remove(filepath.Join(dst, "a/one.txt")))
 			must(t, os.Mkdir(filepath.Join(dst, "a/one.txt"), 0o755))
@@ -76,6 +82,9 @@ func TestAdoptKept(t *testing.T) {
 				// A save of one change makes the kept tree that
 				// revision's: its stamps are the save's.
 				must(t, os.WriteFile(filepath.Join(dst, "a/new.txt"), []byte("new"), 0o644))
+				if c.before != nil {
+					c.before(t, dst)
+				}
 				res, err := w.Save(ctx, dst, format.Selection{}, "")
 				must(t, err)
 				must(t, w.Close(ctx))
