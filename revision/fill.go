@@ -314,7 +314,7 @@ func (w *Workspace) fillFile(ctx context.Context, pf pendingFile, id fileID, f *
 	// The base tree knew the placeholder's stamp; it now holds the real
 	// bytes of the same object, so it stays reusable.
 	if after, err := store.FileStamp(f); err == nil {
-		w.noteFill(pf.origPath, ino, after)
+		w.noteFill(pf.origPath, ino, stampOfStat(&before), after)
 		w.view.Filled(ino, after.Ctime.Nano())
 	}
 	w.lmu.Lock()

@@ -199,3 +199,38 @@ func TestDirInodeReuse(t *testing.T) {
 		}
 	})
 }
+
+// TestChmodBeforeFill: a placeholder chmod'ed, then filled, is saved with
+// its new mode: the fill's stamp stands for the base's bytes, not for a
+// mode changed before it (an archive's member carries the old one).
+func TestChmodBeforeFill(t *testing.T) {
+	forStoresFormats(t, func(t *testing.T, sk, form string) {
+		ctx := context.Background()
+		base, src := newBase(t, sk), t.TempDir()
+		writeTree(t, src, map[string]string{"f": "bytes"})
+		os.Chmod(filepath.Join(src, "f"), 0o644)
+		w := openWS(t, base, "chmod", Options{LazyRestore: true, Retention: 2, Format: form})
+		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(t.TempDir(), "w")
+		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		must(t, w.populateAll(ctx))
+		must(t, os.Chmod(filepath.Join(dst, "f"), 0o755))
+		must(t, w.ensure(ctx, "f"))
+		res, err := w.Save(ctx, dst, format.Selection{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := filepath.Join(t.TempDir(), "c")
+		w2 := openWS(t, base, "chmod", Options{NoLock: true})
+		if _, err := w2.Restore(ctx, res.Entry.ID, check, format.Selection{}); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(filepath.Join(check, "f")); err != nil || fi.Mode().Perm() != 0o755 {
+			t.Fatalf("saved mode %v (%v), want 0755", fi.Mode().Perm(), err)
+		}
+	})
+}

@@ -63,13 +63,15 @@ func showStat(te *format.TreeEntry, view StatView, ino uint64, ctime int64) {
 }
 
 // refresh updates p's stamp after its bytes were fetched in place, if p is
-// still that inode.
+// still that inode, untouched until the fill (its stamp then, before, the
+// one recorded): a placeholder chmod'ed before its fill holds the base's
+// bytes but not its mode, and stays changed.
 // A file the base listed from its revision, not made then (virtual.go:
 // no stamp), is of the same bytes too.
-func (b *baseTree) refresh(p string, ino uint64, st store.Stamp) {
+func (b *baseTree) refresh(p string, ino uint64, before, st store.Stamp) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if f, ok := b.files[p]; ok && (f.stamp.Ino == ino || f.stamp.Ino == 0) {
+	if f, ok := b.files[p]; ok && (f.stamp.Ino == ino && f.stamp == before || f.stamp.Ino == 0) {
 		f.prior, f.stamp = f.stamp, st
 		b.files[p] = f
 	}
@@ -269,7 +271,7 @@ func (w *Workspace) startFills() {
 // noteFill records that the placeholder p (inode ino) was filled and now
 // has the stamp after: in the base, and in the log if a save runs. Under
 // lmu, so that a fill is either in the log or in the base a save sets.
-func (w *Workspace) noteFill(p string, ino uint64, after store.Stamp) {
+func (w *Workspace) noteFill(p string, ino uint64, before, after store.Stamp) {
 	w.lmu.Lock()
 	b := w.base
 	if w.fills != nil {
@@ -277,7 +279,7 @@ func (w *Workspace) noteFill(p string, ino uint64, after store.Stamp) {
 	}
 	w.lmu.Unlock()
 	if b != nil {
-		b.refresh(p, ino, after)
+		b.refresh(p, ino, before, after)
 	}
 }
 
