@@ -472,8 +472,8 @@ func (w *Workspace) ensure(ctx context.Context, rel string) error {
 		return nil
 	}
 	p := filepath.Join(l.dir, filepath.FromSlash(rel))
-	id, err := idOfPath(p)
-	if err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil {
 		if !dirs || !errors.Is(err, syscall.ENOENT) {
 			return nil // gone or not there: nothing to fetch
 		}
@@ -481,9 +481,19 @@ func (w *Workspace) ensure(ctx context.Context, rel string) error {
 		if err := w.ensureDir(ctx, parentDir(rel)); err != nil {
 			return err
 		}
-		if id, err = idOfPath(p); err != nil {
+		if syscall.Lstat(p, &st) != nil {
 			return nil
 		}
+	}
+	l.mu.Lock()
+	_, maybe := l.pending[st.Ino]
+	l.mu.Unlock()
+	if !maybe {
+		return nil // no placeholder has its number: no handle to read
+	}
+	id, err := idOfPath(p)
+	if err != nil {
+		return nil
 	}
 	return w.fetch(ctx, l, id, p)
 }
