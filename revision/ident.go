@@ -85,23 +85,3 @@ func handleOf(dirfd int, name string, flags int) (string, error) {
 	binary.LittleEndian.PutUint32(b, uint32(h.Type()))
 	return string(append(b, h.Bytes()...)), nil
 }
-
-// stillThere reports whether the file id names is still on its file
-// system (linked or open anywhere), looked up by its handle beneath the
-// file system open as mountFd. It needs CAP_DAC_READ_SEARCH; known is
-// false where it cannot tell.
-func stillThere(mountFd int, id fileID) (there, known bool) {
-	if len(id.handle) < 4 {
-		return false, false
-	}
-	h := unix.NewFileHandle(int32(binary.LittleEndian.Uint32([]byte(id.handle[:4]))), []byte(id.handle[4:]))
-	fd, err := unix.OpenByHandleAt(mountFd, h, unix.O_PATH|unix.O_CLOEXEC)
-	switch {
-	case err == nil:
-		unix.Close(fd)
-		return true, true
-	case errors.Is(err, unix.ESTALE):
-		return false, true
-	}
-	return false, false
-}

@@ -12,6 +12,21 @@ import (
 	"github.com/amlfs/amlfs/revision/format"
 )
 
+// savedAndRestored saves src as w's current revision and restores it
+// into a new directory, which it returns: lazily, if w restores so.
+func savedAndRestored(t *testing.T, w *Workspace, src string) string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "w")
+	if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
 func inoOf(t *testing.T, p string) uint64 {
 	t.Helper()
 	var st syscall.Stat_t
@@ -71,13 +86,7 @@ func TestInodeReuseKeepsNewBytes(t *testing.T) {
 					}
 					writeTree(t, src, files)
 					w := openWS(t, base, "reuse", Options{LazyRestore: true, Retention: 1, Format: form})
-					if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-						t.Fatal(err)
-					}
-					dst := filepath.Join(t.TempDir(), "w")
-					if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-						t.Fatal(err)
-					}
+					dst := savedAndRestored(t, w, src)
 					if err := w.ensureDir(ctx, "d"); err != nil {
 						t.Fatal(err)
 					}
@@ -162,13 +171,7 @@ func TestDirInodeReuse(t *testing.T) {
 		}
 		writeTree(t, src, files)
 		w := openWS(t, base, "dreuse", Options{LazyRestore: true, Retention: 1, Format: form})
-		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-			t.Fatal(err)
-		}
+		dst := savedAndRestored(t, w, src)
 		reused := 0
 		for i := 0; i < 20; i++ {
 			old := inoOf(t, filepath.Join(dst, fmt.Sprintf("d%d", i)))
@@ -210,13 +213,7 @@ func TestChmodBeforeFill(t *testing.T) {
 		writeTree(t, src, map[string]string{"f": "bytes"})
 		os.Chmod(filepath.Join(src, "f"), 0o644)
 		w := openWS(t, base, "chmod", Options{LazyRestore: true, Retention: 2, Format: form})
-		if _, err := w.Save(ctx, src, format.Selection{}, ""); err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(t.TempDir(), "w")
-		if _, err := w.Restore(ctx, "current", dst, format.Selection{}); err != nil {
-			t.Fatal(err)
-		}
+		dst := savedAndRestored(t, w, src)
 		must(t, w.populateAll(ctx))
 		must(t, os.Chmod(filepath.Join(dst, "f"), 0o755))
 		must(t, w.ensure(ctx, "f"))
