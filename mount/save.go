@@ -200,7 +200,7 @@ func (d *Daemon) saveWith(ctx context.Context, revID string, sel format.Selectio
 		baseMark = -1 // the base was saved with another selection
 	}
 	d.mu.Unlock()
-	if d.ws.Tracks(d.writers()) {
+	if baseMark == mark && d.ws.Tracks(d.writers()) {
 		// A file of the tree open for writing, or mapped: it may have
 		// changed with no event and no new stamp.
 		baseMark = -1

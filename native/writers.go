@@ -58,20 +58,15 @@ func writingFds(pid int, dev uint64, out map[uint64]bool) {
 		if err != nil || n == 0 || buf[0] != '/' {
 			continue // a pipe, a socket, an anonymous inode
 		}
-		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
-		if err != nil || !writableFlags(info) {
-			continue
-		}
-		// The magic link opens the very file, whatever its name now.
-		f, err := unix.Open(link, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != nil {
-			continue
-		}
+		// The magic link reaches the very file, whatever its name now.
 		var st unix.Stat_t
-		if unix.Fstat(f, &st) == nil && st.Dev == dev && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		if unix.Stat(link, &st) != nil || st.Dev != dev || st.Mode&unix.S_IFMT != unix.S_IFREG || out[st.Ino] {
+			continue
+		}
+		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
+		if err == nil && writableFlags(info) {
 			out[st.Ino] = true
 		}
-		unix.Close(f)
 	}
 }
 
