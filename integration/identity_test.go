@@ -295,3 +295,35 @@ m[0:1] = b"X"; m.flush()`, filepath.Join(mp, "db"))
 		t.Fatalf("the next mount serves %.8q, want the revision's bytes", got)
 	}
 }
+
+// TestCancelledDaemonMount: `amlfs mount --daemon` stopped (SIGTERM) at
+// any moment, then the caller's cleanup (`amlfs unmount --no-save`), as
+// AML's provider cancels an acquisition: at once the workspace mounts
+// again with no conflict, and nothing is left mounted. A signal that came
+// after the daemon was ready was passed on to it, and the command
+// returned while the daemon still held the lease (AML's provider test "a
+// cancelled acquisition" failed so in CI).
+func TestCancelledDaemonMount(t *testing.T) {
+	srv := startS3(t, false)
+	e := newS3Env(t, srv)
+	mp := filepath.Join(e.root, "mnt")
+	must(t, os.Mkdir(mp, 0o755))
+	for delay := time.Duration(0); delay < 400*time.Millisecond; delay += 8 * time.Millisecond {
+		{
+			cmd := exec.Command(amlfsBin, append([]string{"mount", "--daemon", "--json", mp}, e.wsArgs("cancelled")...)...)
+			cmd.Env = append(append(os.Environ(), e.extraEnv...), "AMLFS_RUNTIME_DIR="+e.runtime, "XDG_CACHE_HOME="+filepath.Join(e.root, "xdg"))
+			must(t, cmd.Start())
+			time.Sleep(delay)
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+			e.amlfs("unmount", "--no-save", mp)
+			r := e.mountAt(mp, "cancelled")
+			if r.code != 0 {
+				t.Fatalf("SIGTERM after %v, the cleanup, then a mount: %s", delay, r)
+			}
+			if r := e.unmount(mp, "--no-save"); r.code != 0 {
+				t.Fatalf("unmount: %s", r)
+			}
+		}
+	}
+}

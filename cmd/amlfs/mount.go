@@ -202,22 +202,37 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Stopped before the mount is ready (a caller cancelling it), this
+	// command stops the daemon: it cancels the mount, takes nothing and
+	// leaves nothing behind, and its error is reported here. The signals
+	// are caught before the daemon starts: one that came in between would
+	// end this command and leave the daemon (in a session of its own) to
+	// mount after its caller's cleanup.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	w.Close()
-	// Stopped before the mount is ready (a caller cancelling it), this
-	// command stops the daemon: it cancels the mount, takes nothing and
-	// leaves nothing behind, and its error is reported here.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
+	// Once the mount is ready, a signal is no longer passed on: the
+	// daemon would stop while this command returns, still holding the
+	// lease, and the caller's cleanup (an unmount, which waits for the
+	// daemon to be gone) would find nothing to stop. One passed on before
+	// is waited for.
+	var fwd sync.Mutex
+	readied, forwarded := false, false
 	waiting := make(chan struct{})
 	defer close(waiting)
 	go func() {
 		select {
 		case s := <-sigs:
-			cmd.Process.Signal(s)
+			fwd.Lock()
+			if !readied {
+				forwarded = true
+				cmd.Process.Signal(s)
+			}
+			fwd.Unlock()
 		case <-waiting:
 		}
 	}()
@@ -247,6 +262,14 @@ func daemonize(c *cli.Context, cfg mount.Config) error {
 		}
 	}
 	r.Close()
+	fwd.Lock()
+	readied = true
+	stopped := forwarded
+	fwd.Unlock()
+	if line == "ready" && stopped {
+		cmd.Wait()
+		return fmt.Errorf("stopped by a signal as the mount became ready; the daemon stopped too (see %s)", logPath)
+	}
 	if line == "ready" {
 		fmt.Fprintf(c.App.ErrWriter, "amlfs: %s mounted (%s, pid %d, log %s)\n", cfg.Mountpoint, what(cfg), cmd.Process.Pid, logPath)
 		cmd.Process.Release()
