@@ -308,7 +308,7 @@ func TestCancelledDaemonMount(t *testing.T) {
 	e := newS3Env(t, srv)
 	mp := filepath.Join(e.root, "mnt")
 	must(t, os.Mkdir(mp, 0o755))
-	for delay := time.Duration(0); delay < 400*time.Millisecond; delay += 8 * time.Millisecond {
+	for delay := time.Duration(0); delay < 300*time.Millisecond; delay += 8 * time.Millisecond {
 		{
 			cmd := exec.Command(amlfsBin, append([]string{"mount", "--daemon", "--json", mp}, e.wsArgs("cancelled")...)...)
 			cmd.Env = append(append(os.Environ(), e.extraEnv...), "AMLFS_RUNTIME_DIR="+e.runtime, "XDG_CACHE_HOME="+filepath.Join(e.root, "xdg"))
