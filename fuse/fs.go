@@ -417,10 +417,7 @@ func (f *FS) writers(dir uint64, delta int) {
 // only, not in the working tree a save reads.
 func (f *FS) Writers() map[uint64]bool {
 	ws := f.root.Tree().Writers()
-	if len(ws) == 0 {
-		return ws
-	}
-	if f.mnt == nil {
+	if len(ws) == 0 || f.mnt == nil {
 		return ws
 	}
 	top, err := f.mnt.Root()

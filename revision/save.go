@@ -192,11 +192,11 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 			ver, err = w.settle(ctx, entry, data, err)
 		}
 	}
-	var moves map[uint64]repointTo
-	var listed map[fileID]string
 	// published does what follows a publication: the new index, the new
 	// base, the repointing and pruning.
 	published := func(next *format.Index, ver string) {
+		var moves map[uint64]repointTo
+		var listed map[fileID]string
 		w.imu.Lock()
 		w.index, w.version = next, ver
 		w.imu.Unlock()
@@ -238,9 +238,7 @@ func (w *Workspace) save(ctx context.Context, dir string, sel format.Selection, 
 	}
 	if err != nil {
 		// 6. Remove the orphan upload; the previous revision stays current.
-		if rerr := w.store.Remove(context.WithoutCancel(ctx), entry.Path); rerr != nil {
-			w.log.Error("remove unpublished artifact", "op", "remove", "path", entry.Path, "err", rerr)
-		}
+		w.removeUnpublished(ctx, entry.Path)
 		if errors.Is(err, store.ErrPrecondition) && w.created {
 			return SaveResult{}, amlerr.New(amlerr.InvalidConfig, w.opts.ID, "workspace %q already exists in %s; --fork makes a new workspace (nothing was published)", w.opts.ID, w.store)
 		}

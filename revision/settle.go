@@ -153,9 +153,7 @@ func (w *Workspace) settleUnknown(ctx context.Context) (string, bool) {
 	case ver != u.prev:
 		// Moved on without it: it never will be published.
 		w.unknown = nil
-		if err := w.store.Remove(context.WithoutCancel(ctx), u.entry.Path); err != nil {
-			w.log.Error("remove unpublished artifact", "op", "remove", "path", u.entry.Path, "err", err)
-		}
+		w.removeUnpublished(ctx, u.entry.Path)
 	}
 	// Still at the version it was conditional on: the next publication,
 	// conditional on that version too, decides (until then the artifact
@@ -181,8 +179,14 @@ func (w *Workspace) dropUnknown(ctx context.Context, prev string) {
 		return
 	}
 	w.unknown = nil
-	if err := w.store.Remove(context.WithoutCancel(ctx), u.entry.Path); err != nil {
-		w.log.Error("remove unpublished artifact", "op", "remove", "path", u.entry.Path, "err", err)
+	w.removeUnpublished(ctx, u.entry.Path)
+}
+
+// removeUnpublished removes the artifact at path of a publication known
+// never to take place, even if ctx is done.
+func (w *Workspace) removeUnpublished(ctx context.Context, path string) {
+	if err := w.store.Remove(context.WithoutCancel(ctx), path); err != nil {
+		w.log.Error("remove unpublished artifact", "op", "remove", "path", path, "err", err)
 	}
 }
 
